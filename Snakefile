@@ -1,0 +1,25 @@
+# rlvr-precision: does floating-point precision change what RL fine-tuning of an LLM does?
+# The DAG: prepare_data -> base_model -> train (precision x seed) -> evaluate/kl (run x task)
+#          -> sparsity/overlap -> aggregate -> analysis. See README.md.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/prepare_data.smk"
+include: "rules/base_model.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

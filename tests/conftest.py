@@ -1,0 +1,133 @@
+"""Shared test fixtures: an isolated copy of the workflow driven by snakemake as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_CONFIG = REPO / "tests" / "config.test.yaml"
+WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "envs", "report", "profiles", "data")
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def load_test_config() -> dict:
+    with open(TEST_CONFIG, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def make_workflow_dir(dest: Path, config: dict) -> Path:
+    """A self-contained workflow directory (its own results/) with ``config`` as config.yaml."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, dirs_exist_ok=True)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    with open(dest / "config.yaml", "w", encoding="utf-8") as fh:
+        yaml.safe_dump(config, fh, sort_keys=False)
+    return dest
+
+
+def run_snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [
+        SNAKEMAKE,
+        "--cores",
+        "2",
+        "--directory",
+        str(workdir),
+        "--snakefile",
+        str(workdir / "Snakefile"),
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
+
+
+@pytest.fixture
+def test_config() -> dict:
+    return load_test_config()
+
+
+@pytest.fixture
+def workflow_dir(tmp_path, test_config) -> Path:
+    return make_workflow_dir(tmp_path / "wf", test_config)
+
+
+def planned_jobs(workdir: Path, *targets: str) -> dict[str, int]:
+    """Rule -> job count that a dry run would execute ({} when there is nothing to do)."""
+    proc = run_snakemake(workdir, "--dry-run", *targets, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs: dict[str, int] = {}
+    lines = proc.stdout.splitlines()
+    if "Job stats:" not in lines:
+        assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout
+        return jobs
+    for line in lines[lines.index("Job stats:") + 3 :]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+def set_key(config_path: Path, dotted: str, value) -> None:
+    """Change one key of a workflow dir's config.yaml in place."""
+    cfg = yaml.safe_load(config_path.read_text())
+    node = cfg
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+# ---------------------------------------------------------------------------- train-stage fixtures
+
+
+def _one_digit_rows(n: int | None = None):
+    from workflow_scripts.rows import make_row
+
+    rows = [
+        make_row(f"d{a}{b}", "train", "integer", f"{a}+{b}=", a + b, {"family": "one_digit"})
+        for a in range(10)
+        for b in range(10)
+    ]
+    return rows if n is None else rows[:: max(1, len(rows) // n)][:n]
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> dict:
+    """A base model and data for training tests, built once per session (a few seconds).
+
+    The test config's data (prepare_data) with the warm start and the training prompts replaced by
+    one-digit sums: a 150-step warm start puts sampled accuracy near 20%, so GRPO groups have reward
+    spread (real gradients, clipping) within a handful of steps. 24 training prompts: with the test
+    config's 4 prompts x 2 micro-batches per generation round an epoch is 6 optimizer steps, so short
+    runs cross epoch boundaries (resume must restore the data order there too).
+    """
+    from workflow_scripts.base_model import build_base
+    from workflow_scripts.config import validate_config
+    from workflow_scripts.prepare_data import prepare
+    from workflow_scripts.rows import write_rows
+
+    root = tmp_path_factory.mktemp("tiny_base")
+    config = validate_config(load_test_config(), source=str(TEST_CONFIG))
+    config["model"]["tiny"]["sft_steps"] = 150
+    data_dir = root / "data"
+    prepare(config["data"], data_dir)
+    write_rows(data_dir / "sft.jsonl", _one_digit_rows())
+    write_rows(data_dir / "train.jsonl", _one_digit_rows(24))
+    base_dir = root / "models" / "base"
+    build_base(config, data_dir, base_dir, root / "models" / "base.json", threads=1)
+    return {"config": config, "data_dir": data_dir, "base_dir": base_dir, "root": root}

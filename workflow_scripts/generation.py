@@ -1,0 +1,225 @@
+"""Batched sampling from a causal LM with the transformers backend.
+
+All (prompt, sample) pairs are generated in batches across prompts, left padded, with the KV cache, so a
+batch of short prompts costs one ``generate`` call rather than one per prompt. Pairs are ordered by
+prompt length (longest first) so a batch holds prompts of similar length (little padding) and the first
+batch is the largest (an out-of-memory error shows up at once); results come back in prompt-major order.
+
+Batch size = min(``batch_size``, memory bound), the bound recomputed for each batch from its longest
+prompt (``bounded_batch_size``): per sequence, KV cache (2 x layers x kv_heads x head_dim x (prompt +
+max_new_tokens) x dtype bytes) + prefill activations + attention scores + the next-token logits with
+the copies the sampler makes (vocab x 24 bytes); the budget is ``memory_budget_gb`` if given, else 70% of
+free GPU memory or 25% of available host memory, measured once per call.
+
+The sampled distribution is exactly softmax(logits / temperature) cut to ``top_p``: transformers fills
+every ``generate`` argument left unset from the model's saved ``generation_config`` (repetition penalty,
+top_k, min_p, suppressed tokens, ... e.g. Qwen instruct models ship top_k 20 and repetition_penalty
+1.05), so every such knob is set to its neutral value explicitly (``NEUTRAL_GENERATION``). This matters
+for the KL estimator, which needs draws from pi_theta itself.
+
+Generation stops at any of the model's end tokens (the tokenizer's eos plus the generation config's
+``eos_token_id`` list); ``Completion.stop_token_id`` records which one, so a completion can be
+teacher-forced exactly as it was sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt_index: int
+    sample_index: int
+    text: str
+    num_tokens: int  # generated tokens, the end token included
+    truncated: bool  # hit max_new_tokens without an end-of-sequence token
+    token_ids: tuple[int, ...] = ()  # generated tokens, the end token excluded
+    stop_token_id: int | None = None  # the end token that stopped it (None when truncated)
+
+
+_NEUTRAL = {
+    "top_k": 0,
+    "top_h": None,
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "sequence_bias": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "exponential_decay_length_penalty": None,
+    "guidance_scale": None,
+    "renormalize_logits": False,
+    "remove_invalid_values": False,
+    "watermarking_config": None,
+    "stop_strings": None,
+    "max_time": None,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+}
+# Only keys this transformers version knows (an unknown key would be passed on to forward()).
+NEUTRAL_GENERATION: dict = {k: v for k, v in _NEUTRAL.items() if hasattr(GenerationConfig(), k)}
+
+
+def stop_token_ids(model, tokenizer, generation_config=None) -> list[int]:
+    """The tokenizer's eos plus the generation config's end tokens (chat models have several).
+
+    ``generation_config`` defaults to ``model.generation_config`` (``model`` may be None when given).
+    """
+    ids: list[int] = []
+    candidates = [tokenizer.eos_token_id]
+    gen_cfg = generation_config
+    if gen_cfg is None:
+        gen_cfg = getattr(model, "generation_config", None)
+    gen_eos = getattr(gen_cfg, "eos_token_id", None)
+    candidates += list(gen_eos) if isinstance(gen_eos, list | tuple) else [gen_eos]
+    for tok in candidates:
+        if tok is not None and int(tok) not in ids:
+            ids.append(int(tok))
+    if not ids:
+        raise ValueError("the tokenizer has no eos token and the model's generation config names none")
+    return ids
+
+
+def _dims(model) -> dict[str, int]:
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = int(getattr(cfg, "hidden_size", 1024))
+    heads = int(getattr(cfg, "num_attention_heads", 16))
+    return {
+        "layers": int(getattr(cfg, "num_hidden_layers", 24)),
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(cfg, "head_dim", None) or hidden // heads),
+        "intermediate": int(getattr(cfg, "intermediate_size", None) or 4 * hidden),
+        "vocab": int(getattr(cfg, "vocab_size", 32000)),
+        "elem": next(model.parameters()).element_size(),
+    }
+
+
+def generation_bytes_per_sequence(model, prompt_tokens: int, new_tokens: int) -> int:
+    """Rough peak memory one sequence adds to a ``generate`` batch (see the module docstring)."""
+    d = _dims(model)
+    length = prompt_tokens + new_tokens
+    kv = 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * length * d["elem"]
+    prefill = prompt_tokens * (4 * d["hidden"] + 2 * d["intermediate"]) * d["elem"]
+    scores = d["heads"] * prompt_tokens * prompt_tokens * 4
+    logits = d["vocab"] * 24
+    return kv + prefill + scores + logits
+
+
+def scoring_bytes_per_sequence(model, total_tokens: int, scored_tokens: int) -> int:
+    """Rough peak memory of one teacher-forced sequence (no cache; float64 log-softmax of scored tokens)."""
+    d = _dims(model)
+    activations = total_tokens * (4 * d["hidden"] + 2 * d["intermediate"]) * d["elem"]
+    scores = d["heads"] * total_tokens * total_tokens * 4
+    logits = (scored_tokens + 1) * d["vocab"] * (d["elem"] + 16)
+    return activations + scores + logits
+
+
+def memory_budget_bytes(device: torch.device, budget_gb: float | None = None) -> int:
+    """Bytes a batch may use: the configured budget, else a share of what is free on ``device`` now."""
+    if budget_gb is not None:
+        return int(budget_gb * (1 << 30))
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(0.7 * free)
+    import psutil
+
+    return int(0.25 * psutil.virtual_memory().available)
+
+
+def bounded_batch_size(batch_size: int, bytes_per_sequence: int, budget_bytes: int) -> int:
+    """``batch_size`` capped so that ``bytes_per_sequence`` x batch fits ``budget_bytes`` (at least 1)."""
+    return max(1, min(batch_size, budget_bytes // max(1, bytes_per_sequence)))
+
+
+def _rng_devices(device: torch.device) -> list[int]:
+    if device.type == "cuda":
+        return [device.index if device.index is not None else torch.cuda.current_device()]
+    return []
+
+
+@torch.inference_mode()
+def sample_completions(
+    model,
+    tokenizer,
+    prompts: list[str],
+    n_samples: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+    seed: int = 0,
+    *,
+    memory_budget_gb: float | None = None,
+) -> list[Completion]:
+    """``n_samples`` completions per prompt (greedy when temperature is 0), in prompt-major order.
+
+    Reproducible for a given (seed, batch size, prompts); the global RNG state is left as it was.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    stops = stop_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompt_ids[i]))
+    pairs = [(i, s) for i in order for s in range(n_samples)]
+    do_sample = temperature > 0
+    kwargs = {
+        **NEUTRAL_GENERATION,
+        "do_sample": do_sample,
+        "temperature": temperature if do_sample else 1.0,
+        "top_p": top_p if do_sample else 1.0,
+        "max_new_tokens": max_new_tokens,
+        "pad_token_id": pad,
+        "eos_token_id": stops,
+        "use_cache": True,
+    }
+    budget = memory_budget_bytes(device, memory_budget_gb)
+    results: dict[tuple[int, int], Completion] = {}
+    stop_set = set(stops)
+    with torch.random.fork_rng(devices=_rng_devices(device)):
+        torch.manual_seed(seed)
+        start = 0
+        while start < len(pairs):
+            longest = len(prompt_ids[pairs[start][0]])
+            per_seq = generation_bytes_per_sequence(model, longest, max_new_tokens)
+            size = bounded_batch_size(batch_size, per_seq, budget)
+            chunk = pairs[start : start + size]
+            start += size
+            ids = torch.full((len(chunk), longest), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, (i, _) in enumerate(chunk):
+                p = prompt_ids[i]
+                if p:
+                    ids[row, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
+                    mask[row, longest - len(p) :] = 1
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+            generated = out[:, longest:].tolist()
+            cut: list[list[int]] = []
+            ends: list[int | None] = []
+            for seq in generated:
+                end = next((j for j, tok in enumerate(seq) if tok in stop_set), None)
+                cut.append(seq if end is None else seq[:end])
+                ends.append(None if end is None else seq[end])
+            texts = tokenizer.batch_decode(cut, skip_special_tokens=True)
+            for (i, s), toks, stop, text in zip(chunk, cut, ends, texts, strict=True):
+                results[(i, s)] = Completion(
+                    i, s, text, len(toks) + int(stop is not None), stop is None, tuple(toks), stop
+                )
+    return [results[(i, s)] for i in range(len(prompts)) for s in range(n_samples)]

@@ -1,0 +1,101 @@
+"""Model and tokenizer construction and loading: the one place dtypes and trust settings are applied.
+
+- ``build_char_tokenizer``: the tiny default's character-level tokenizer (every printable ASCII
+  character is a token; ``decoders.Fuse`` joins them back; left padding for batched generation).
+- ``build_tiny_llama``: a small Llama-architecture causal LM (the default base model).
+- ``load_model`` / ``load_tokenizer``: a local folder or a hub id, always with an explicit dtype
+  (transformers 5 would otherwise take the dtype saved in the config), safetensors only, and
+  ``trust_remote_code`` off unless the config turns it on.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError as err:
+        raise ValueError(f"unknown dtype {name!r}; known: {sorted(DTYPES)}") from err
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, padding_side="left", **SPECIAL_TOKENS)
+    return tok
+
+
+def build_tiny_llama(vocab_size: int, tiny_cfg: dict, tokenizer) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=tiny_cfg["hidden_size"],
+        num_hidden_layers=tiny_cfg["num_layers"],
+        num_attention_heads=tiny_cfg["num_heads"],
+        num_key_value_heads=tiny_cfg["num_heads"],
+        intermediate_size=tiny_cfg["intermediate_size"],
+        max_position_embeddings=tiny_cfg["max_position_embeddings"],
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(tiny_cfg["seed"])
+    return LlamaForCausalLM(config)
+
+
+def load_tokenizer(source: str | os.PathLike, trust_remote_code: bool = False):
+    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(
+    source: str | os.PathLike,
+    dtype: str | torch.dtype,
+    trust_remote_code: bool = False,
+    dropout: float | None = None,
+):
+    """A causal LM in exactly ``dtype``; ``dropout`` (if given) sets every dropout the config exposes."""
+    dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
+    overrides = {}
+    if dropout is not None:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        overrides = {k: dropout for k in dropout_keys(cfg)}
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True, **overrides
+    )
+    return model
+
+
+def dropout_keys(config) -> list[str]:
+    """Config attributes that set a dropout probability (attention_dropout, hidden_dropout, ...)."""
+    return sorted(k for k, v in config.to_dict().items() if "dropout" in k and isinstance(v, int | float))

@@ -1,0 +1,275 @@
+"""Cross-seed overlap of update masks: do different seeds move the same weights?
+
+For one precision, each seed's fine-tuned checkpoint is diffed against the shared base with the
+eta rule of ``workflow_scripts.sparsity`` (same float64 semantics, NaN/inf rules and fast path), and
+for every pair of seeds and every eta the Jaccard index of the two changed masks is reported next to
+the value expected by chance for independent masks of the same densities p, q over N elements:
+
+    J = |A & B| / |A | B|,        E[J] ~= E|A & B| / E|A | B| = pq / (p + q - pq),   ratio = J / E[J].
+
+A ratio near 1 says the seeds change unrelated weights (noise-driven sparsity); well above 1 says a
+shared structure decides which weights move (e.g. bf16 spacing hiding the same small updates).
+
+Streaming: tensor by tensor and chunk by chunk, all seeds read in lockstep; only per-chunk masks exist,
+and intersection/union/changed counts are accumulated, never whole-model masks.
+
+Outputs (``main``): ``overlap.parquet`` with one row per (seed_a < seed_b, eta) over the whole model,
+columns ``precision, seed_a, seed_b, eta, numel, intersection, union, jaccard, density_a, density_b,
+jaccard_chance, ratio`` (jaccard is NaN when the union is empty; ratio is NaN when the chance value is
+0 or NaN), and ``overlap.by_module.parquet`` with the same columns plus ``module`` (module types as in
+``sparsity.module_type``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from workflow_scripts.atomic import write_parquet
+from workflow_scripts.sparsity import (
+    DEFAULT_CHUNK_ELEMS,
+    DEFAULT_ETAS,
+    DEFAULT_WINDOW_BYTES,
+    EtaPlan,
+    TensorMismatchError,
+    TensorPair,
+    WindowReader,
+    Workspace,
+    changed_masks,
+    checkpoint_tensors,
+    module_type,
+    pair_tensors,
+    row_windows,
+    spans_of,
+    torch_threads,
+    window_elems_for,
+)
+
+COLUMNS = [
+    "precision", "seed_a", "seed_b", "eta", "numel", "intersection", "union", "jaccard",
+    "density_a", "density_b", "jaccard_chance", "ratio",
+]  # fmt: skip
+
+
+def jaccard_chance(p: float, q: float) -> float:
+    """E[J] ~= pq / (p + q - pq) for independent masks of densities p and q; NaN if both are empty."""
+    den = p + q - p * q
+    return p * q / den if den > 0 else math.nan
+
+
+class _Counts:
+    """Accumulated counts for one scope (whole model or one module type)."""
+
+    def __init__(self, n_seeds: int, n_pairs: int, n_etas: int) -> None:
+        self.numel = 0
+        self.changed = np.zeros((n_seeds, n_etas), dtype=np.int64)
+        self.inter = np.zeros((n_pairs, n_etas), dtype=np.int64)
+        self.union = np.zeros((n_pairs, n_etas), dtype=np.int64)
+
+    def add(self, other: _Counts) -> None:
+        self.numel += other.numel
+        self.changed += other.changed
+        self.inter += other.inter
+        self.union += other.union
+
+
+def _plan(
+    base: str | os.PathLike, finals: Sequence[str | os.PathLike]
+) -> tuple[list[TensorPair], list[list[TensorPair]]]:
+    """Pairs of base vs each final, in one common tensor order; raise if the seeds disagree on names."""
+    base_infos, base_desc = checkpoint_tensors(base)
+    per_seed = []
+    for final in finals:
+        final_infos, final_desc = checkpoint_tensors(final)
+        per_seed.append(pair_tensors(base_infos, final_infos, base_desc, final_desc))
+    reference = per_seed[0]
+    names = [p.name for p in reference]
+    for final, pairs in zip(finals, per_seed, strict=True):
+        by_name = {p.name: p for p in pairs}
+        if set(by_name) != set(names):
+            odd = sorted(set(by_name) ^ set(names))[0]
+            raise TensorMismatchError(
+                f"tensor {odd!r} is paired for {finals[0]} but not for {final} "
+                "(a tied lm_head stored on one side only?)"
+            )
+    ordered = [[{p.name: p for p in pairs}[n] for n in names] for pairs in per_seed]
+    return reference, ordered
+
+
+def compute_overlap(
+    base: str | os.PathLike,
+    finals: Mapping[int, str | os.PathLike],
+    etas: Sequence[float] = DEFAULT_ETAS,
+    precision: str = "",
+    *,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    threads: int = 1,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(whole-model, per-module) overlap tables for the seeds in ``finals`` (seed -> final checkpoint).
+
+    ``threads`` worker threads split each window, as in ``sparsity.diff_checkpoints``.
+    """
+    plan = EtaPlan.make(etas)
+    seeds = sorted(finals)
+    if not seeds:
+        raise ValueError("no final checkpoints given")
+    reference, per_seed = _plan(base, [finals[s] for s in seeds])
+    pairs = list(itertools.combinations(range(len(seeds)), 2))
+    shape = (len(seeds), len(pairs), len(plan.etas))
+    total = _Counts(*shape)
+    by_module: dict[str, _Counts] = {}
+    # every reader keeps up to its budget mapped: share the window budget among base + seeds
+    budget = max(8 << 20, window_bytes * 2 // (len(seeds) + 1))
+    window = window_elems_for(reference, budget)
+    base_reader = WindowReader(budget)
+    readers = [WindowReader(budget) for _ in seeds]
+    workspaces = [Workspace(chunk_elems) for _ in range(max(1, threads))]
+    with torch_threads(1), ThreadPoolExecutor(len(workspaces)) as pool:
+        for t, pair in enumerate(reference):
+            scope = by_module.setdefault(module_type(pair.name), _Counts(*shape))
+            for start, stop in row_windows(pair.base.shape, window):
+                wa = base_reader.rows(pair.base, start, stop)
+                wfs = [r.rows(per_seed[s][t].final, start, stop) for s, r in enumerate(readers)]
+                spans = spans_of(wa.numel(), len(workspaces), chunk_elems)
+                jobs = [
+                    pool.submit(_overlap_span, wa[s:e], [wf[s:e] for wf in wfs], plan, ws, pairs)
+                    for (s, e), ws in zip(spans, workspaces, strict=False)
+                ]
+                for job in jobs:
+                    part = job.result()
+                    total.add(part)
+                    scope.add(part)
+    base_reader.close()
+    for r in readers:
+        r.close()
+    whole = _rows(total, seeds, pairs, plan.etas, precision)
+    modules = [
+        _rows(counts, seeds, pairs, plan.etas, precision).assign(module=module)
+        for module, counts in sorted(by_module.items())
+    ]
+    by_mod = pd.concat(modules, ignore_index=True) if modules else pd.DataFrame(columns=[*COLUMNS, "module"])
+    return whole, by_mod
+
+
+def _overlap_span(
+    a: torch.Tensor, finals: list[torch.Tensor], plan: EtaPlan, ws: Workspace, pairs: list[tuple[int, int]]
+) -> _Counts:
+    """Counts over one aligned span of the base and every seed's final, chunk by chunk."""
+    out = _Counts(len(finals), len(pairs), len(plan.etas))
+    buf = np.empty(ws.n, dtype=np.bool_)
+    for k in range(0, a.numel(), ws.n):
+        chunk = a[k : k + ws.n]
+        n = chunk.numel()
+        masks = [changed_masks(chunk, f[k : k + ws.n], plan, ws) for f in finals]
+        changed = np.array([[np.count_nonzero(m) for m in seed] for seed in masks], dtype=np.int64)
+        for p, (i, j) in enumerate(pairs):
+            for e, (mi, mj) in enumerate(zip(masks[i], masks[j], strict=True)):
+                inter = np.count_nonzero(np.logical_and(mi, mj, out=buf[:n]))
+                out.inter[p, e] += inter
+                out.union[p, e] += changed[i, e] + changed[j, e] - inter
+        out.changed += changed
+        out.numel += n
+    return out
+
+
+def _rows(
+    counts: _Counts, seeds: list[int], pairs: list[tuple[int, int]], etas: Sequence[float], precision: str
+) -> pd.DataFrame:
+    rows = []
+    n = counts.numel
+    for p, (i, j) in enumerate(pairs):
+        for e, eta in enumerate(etas):
+            inter, union = int(counts.inter[p, e]), int(counts.union[p, e])
+            da = counts.changed[i, e] / n if n else math.nan
+            db = counts.changed[j, e] / n if n else math.nan
+            jac = inter / union if union else math.nan
+            chance = jaccard_chance(da, db)
+            ratio = jac / chance if chance and not math.isnan(chance) else math.nan
+            rows.append(
+                {
+                    "precision": precision,
+                    "seed_a": seeds[i],
+                    "seed_b": seeds[j],
+                    "eta": float(eta),
+                    "numel": n,
+                    "intersection": inter,
+                    "union": union,
+                    "jaccard": jac,
+                    "density_a": float(da),
+                    "density_b": float(db),
+                    "jaccard_chance": chance,
+                    "ratio": ratio,
+                }
+            )
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    ints = ("seed_a", "seed_b", "numel", "intersection", "union")
+    return frame.astype(dict.fromkeys(ints, "int64") | {"eta": "float64"})
+
+
+def by_module_path(out: str | os.PathLike) -> Path:
+    """results/sparsity/bf16/overlap.parquet -> results/sparsity/bf16/overlap.by_module.parquet."""
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".parquet") + ".by_module.parquet")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m workflow_scripts.overlap",
+        description="Cross-seed Jaccard overlap of changed-weight masks for one precision.",
+    )
+    p.add_argument("--base", required=True, help="base model folder, index json or .safetensors file")
+    p.add_argument("--seeds", type=int, nargs="+", required=True, help="seed of each --finals entry")
+    p.add_argument("--finals", nargs="+", required=True, help="fine-tuned model folders, one per seed")
+    p.add_argument("--precision", required=True, help="precision label written to the 'precision' column")
+    p.add_argument("--out", required=True, help="e.g. results/sparsity/bf16/overlap.parquet")
+    p.add_argument("--by-module-out", help="per-module table (default: <out stem>.by_module.parquet)")
+    p.add_argument("--etas", type=float, nargs="+", default=list(DEFAULT_ETAS), help="relative tolerances")
+    p.add_argument("--window-mb", type=int, default=DEFAULT_WINDOW_BYTES >> 20, help="total read window")
+    p.add_argument("--threads", type=int, default=1, help="worker threads (e.g. the rule's {threads})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if len(args.seeds) != len(args.finals):
+        parser.error(f"--seeds has {len(args.seeds)} entries but --finals has {len(args.finals)}")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds has duplicates: {args.seeds}")
+    start = time.perf_counter()
+    whole, by_mod = compute_overlap(
+        args.base,
+        dict(zip(args.seeds, args.finals, strict=True)),
+        args.etas,
+        args.precision,
+        window_bytes=args.window_mb << 20,
+        threads=args.threads,
+    )
+    write_parquet(args.out, whole)
+    write_parquet(args.by_module_out or by_module_path(args.out), by_mod)
+    if len(args.seeds) < 2:
+        print("overlap: fewer than two seeds, no pairs to compare", file=sys.stderr)
+    for row in whole.itertuples():
+        print(
+            f"overlap {row.precision} seeds {row.seed_a},{row.seed_b} eta {row.eta:g}: "
+            f"J={row.jaccard:.4g} chance={row.jaccard_chance:.4g} ratio={row.ratio:.3g}",
+            file=sys.stderr,
+        )
+    print(f"overlap: {time.perf_counter() - start:.1f}s -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

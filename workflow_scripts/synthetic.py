@@ -1,0 +1,142 @@
+"""Synthetic arithmetic task families: a controllable on-task distribution and its shifts.
+
+Every family is deterministic given a seed and verifiable by construction. The on-task family
+(``add_sub``) is what RL trains on; the others shift the distribution in different ways so that
+off-task evaluation (H2) can see what training did outside its own distribution.
+
+| family  | example prompt                                   | shift from add_sub            | kind    |
+|---------|--------------------------------------------------|-------------------------------|---------|
+| add_sub | ``47+12=``                                        | (on-task: operands 0-99)      | integer |
+| mul     | ``7*13=``                                         | operator not trained by RL    | integer |
+| chain   | ``12+7-5=``                                       | multi-step (three operands)   | integer |
+| long    | ``347+25=``                                       | longer (3-digit) operand      | integer |
+| mcq     | ``47+12? A:59 B:58 C:69 D:49 Ans:``               | multiple-choice format        | mcq     |
+| word    | ``Sam has 47 apples and buys 12 more. Total=``    | natural-language wording      | integer |
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+
+from workflow_scripts.rows import Row, make_row
+
+Problem = tuple[str, str, dict]  # prompt, answer, meta
+
+
+def _add_sub(rng: random.Random) -> Problem:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    if rng.random() < 0.5:
+        return f"{a}+{b}=", str(a + b), {"op": "+"}
+    return f"{a}-{b}=", str(a - b), {"op": "-"}
+
+
+def _mul(rng: random.Random) -> Problem:
+    a, b = rng.randint(0, 19), rng.randint(0, 19)
+    return f"{a}*{b}=", str(a * b), {"op": "*"}
+
+
+def _chain(rng: random.Random) -> Problem:
+    a, b, c = (rng.randint(0, 30) for _ in range(3))
+    op1, op2 = rng.choice("+-"), rng.choice("+-")
+    value = a + (b if op1 == "+" else -b)
+    value = value + (c if op2 == "+" else -c)
+    return f"{a}{op1}{b}{op2}{c}=", str(value), {"op": op1 + op2}
+
+
+def _long(rng: random.Random) -> Problem:
+    a, b = rng.randint(100, 999), rng.randint(0, 99)
+    if rng.random() < 0.5:
+        return f"{a}+{b}=", str(a + b), {"op": "+"}
+    return f"{a}-{b}=", str(a - b), {"op": "-"}
+
+
+def _mcq(rng: random.Random) -> Problem:
+    prompt, answer, meta = _add_sub(rng)
+    value = int(answer)
+    distractors = rng.sample([value + 1, value - 1, value + 10, value - 10, value + 2], 3)
+    options = [value, *distractors]
+    rng.shuffle(options)
+    letters = "ABCD"
+    gold = letters[options.index(value)]
+    listed = " ".join(f"{letter}:{opt}" for letter, opt in zip(letters, options, strict=True))
+    return f"{prompt[:-1]}? {listed} Ans:", gold, {**meta, "choices": options}
+
+
+_NAMES = ("Sam", "Ann", "Bob", "Eve", "Tom", "Kim")
+_ITEMS = ("apples", "coins", "books", "cards")
+
+
+def _word(rng: random.Random) -> Problem:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    if rng.random() < 0.5:
+        return f"{name} has {a} {item} and buys {b} more. Total=", str(a + b), {"op": "+"}
+    return f"{name} has {a} {item} and loses {b}. Left=", str(a - b), {"op": "-"}
+
+
+FAMILIES: dict[str, tuple[Callable[[random.Random], Problem], str]] = {
+    "add_sub": (_add_sub, "integer"),
+    "mul": (_mul, "integer"),
+    "chain": (_chain, "integer"),
+    "long": (_long, "integer"),
+    "mcq": (_mcq, "mcq"),
+    "word": (_word, "integer"),
+}
+
+
+def family_kind(family: str) -> str:
+    return FAMILIES[family][1]
+
+
+def normalize_prompt(prompt: str) -> str:
+    """The text identity used for deduplication: case- and whitespace-insensitive."""
+    return " ".join(prompt.lower().split())
+
+
+def generate(
+    family: str, n: int, seed: int, task: str, exclude: Iterable[str] = (), max_tries_factor: int = 50
+) -> list[Row]:
+    """``n`` distinct problems of ``family``, none whose normalized prompt is in ``exclude``.
+
+    Stops early (with fewer rows) when the family has fewer distinct problems than asked for.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown synthetic family {family!r}; known: {sorted(FAMILIES)}")
+    make, kind = FAMILIES[family]
+    rng = random.Random(f"{seed}:{family}:{task}")
+    seen = {normalize_prompt(p) for p in exclude}
+    rows: list[Row] = []
+    for _ in range(n * max_tries_factor):
+        if len(rows) == n:
+            break
+        prompt, answer, meta = make(rng)
+        key = normalize_prompt(prompt)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append(
+            make_row(f"{task}-{len(rows):05d}", task, kind, prompt, answer, {"family": family, **meta})
+        )
+    return rows
+
+
+def sample_mix(mix: dict[str, float], n: int, seed: int, exclude: Iterable[str] = ()) -> list[Row]:
+    """A warm-start pool drawn from several families by weight (duplicates allowed, evals excluded)."""
+    families = [f for f, w in mix.items() if w > 0]
+    if not families:
+        raise ValueError("sft_mix has no family with positive weight")
+    weights = [mix[f] for f in families]
+    rng = random.Random(f"{seed}:sft_mix")
+    excluded = {normalize_prompt(p) for p in exclude}
+    rows: list[Row] = []
+    tries = 0
+    while len(rows) < n and tries < 50 * n:
+        tries += 1
+        family = rng.choices(families, weights)[0]
+        make, kind = FAMILIES[family]
+        prompt, answer, meta = make(rng)
+        if normalize_prompt(prompt) in excluded:
+            continue
+        rows.append(make_row(f"sft-{len(rows):06d}", "sft", kind, prompt, answer, {"family": family, **meta}))
+    return rows
