@@ -15,8 +15,6 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/prepare_data.smk"
 include: "rules/base_model.smk"
-include: "rules/train.smk"
-include: "rules/evaluate.smk"
 
 
 rule all:

@@ -35,7 +35,4 @@ def data_outputs():
 
 def all_targets():
     targets = [f"{RESULTS}/models/base.json"]
-    targets += expand(f"{RESULTS}/train/{{precision}}/seed{{seed}}/run.json", precision=PRECISIONS, seed=SEEDS)
-    targets += expand(f"{RESULTS}/eval/{{run}}/{{task}}.json", run=RUNS, task=TASKS)
-    targets += expand(f"{RESULTS}/eval/{{run}}/{{task}}.kl.json", run=RUNS, task=TASKS)
     return targets
