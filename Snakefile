@@ -15,6 +15,10 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/prepare_data.smk"
 include: "rules/base_model.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+include: "rules/sparsity.smk"
+include: "rules/analysis.smk"
 
 
 rule all:

@@ -24,11 +24,15 @@ from workflow_scripts.rows import Row, make_row
 Problem = tuple[str, str, dict]  # prompt, answer, meta
 
 
-def _add_sub(rng: random.Random) -> Problem:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
+def _plus_minus(rng: random.Random, a_range: tuple[int, int], b_range: tuple[int, int]) -> Problem:
+    a, b = rng.randint(*a_range), rng.randint(*b_range)
     if rng.random() < 0.5:
         return f"{a}+{b}=", str(a + b), {"op": "+"}
     return f"{a}-{b}=", str(a - b), {"op": "-"}
+
+
+def _add_sub(rng: random.Random) -> Problem:
+    return _plus_minus(rng, (0, 99), (0, 99))
 
 
 def _mul(rng: random.Random) -> Problem:
@@ -45,10 +49,7 @@ def _chain(rng: random.Random) -> Problem:
 
 
 def _long(rng: random.Random) -> Problem:
-    a, b = rng.randint(100, 999), rng.randint(0, 99)
-    if rng.random() < 0.5:
-        return f"{a}+{b}=", str(a + b), {"op": "+"}
-    return f"{a}-{b}=", str(a - b), {"op": "-"}
+    return _plus_minus(rng, (100, 999), (0, 99))
 
 
 def _mcq(rng: random.Random) -> Problem:

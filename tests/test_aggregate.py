@@ -1,0 +1,407 @@
+"""Tests of workflow_scripts.aggregate on synthetic upstream files shaped like the real stage outputs.
+
+``write_fake_results`` writes eval/kl summaries, training metrics + run.json and sparsity summaries with
+the keys the evaluate, kl, train and sparsity stages write; tests/test_figures_report.py reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workflow_scripts import aggregate, stats
+from workflow_scripts.aggregate import AggregateError
+
+TASKS = {"add_sub": "on_task", "mul": "off_task", "mcq": "off_task"}
+ETAS = (1e-3, 1e-4, 1e-5)
+MODULES = ("attn_q", "mlp_up", "norm")
+
+
+def _eta_label(eta: float) -> str:
+    return np.format_float_scientific(eta, trim="-", exp_digits=2)
+
+
+def _sparsity_agg(rng: np.random.Generator, numel: int, bf16: bool) -> dict:
+    changed = sorted(rng.uniform(0.1, 0.3 if bf16 else 1.0, len(ETAS)))
+    equal_bf16 = 0.8 if bf16 else rng.uniform(0.0, 0.2)
+    return {
+        "n_tensors": 3,
+        "numel": numel,
+        "equal_stored_fraction": equal_bf16 / 2,
+        "equal_bf16_fraction": equal_bf16,
+        "tensors_bf16_equal": 1 if bf16 else 0,
+        "nonfinite_final": 0,
+        "changed": {_eta_label(e): int(c * numel) for e, c in zip(ETAS, changed, strict=True)},
+        "changed_fraction": {_eta_label(e): c for e, c in zip(ETAS, changed, strict=True)},
+        "tensors_zero_changed": {_eta_label(e): 0 for e in ETAS},
+    }
+
+
+def write_fake_results(
+    root: Path,
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+    seeds: tuple[int, ...] = (1, 2, 3),
+    tasks: dict[str, str] | None = None,
+    kl: bool = True,
+    steps: int = 20,
+    seed: int = 0,
+) -> dict:
+    """A results/ tree for aggregate: returns {'evals', 'kls', 'train', 'sparsity'} path lists."""
+    tasks = tasks or TASKS
+    rng = np.random.default_rng(seed)
+    paths: dict[str, list] = {"evals": [], "kls": [], "train": [], "sparsity": []}
+    runs = ["base"] + [f"{p}-s{s}" for p in precisions for s in seeds]
+    base_j = {t: 0.3 + 0.1 * i for i, t in enumerate(tasks)}
+    for run in runs:
+        for task, role in tasks.items():
+            n_problems, n = 30, 4
+            j = base_j[task] if run == "base" else float(np.clip(base_j[task] + rng.normal(0.03, 0.03), 0, 1))
+            counts = [int(c) for c in rng.binomial(n, j, n_problems)]
+            summary = {
+                "run": run,
+                "task": task,
+                "kind": "integer",
+                "role": role,
+                "dtype": "bfloat16" if "bf16" in run else "float32",
+                "N": n_problems,
+                "n": n,
+                "pass_at_1": j,
+                "pass_at_1_se": 0.05,
+                "pass_at_k": {"1": {"mean": j, "se": 0.05}},
+                "eval_noise_var": stats.sampling_noise_var(counts, n),
+                "counts": {
+                    "samples": n_problems * n,
+                    "correct": sum(counts),
+                    "ok": 100,
+                    "no_answer": 12,
+                    "timeout": 0,
+                    "error": 0,
+                    "truncated": 6,
+                },
+                "mean_length": 3.5,
+                "problem_ids": [f"p{i}" for i in range(n_problems)],
+                "correct_counts": counts,
+                "dJ": None if run == "base" else j - base_j[task],
+                "dJ_se": None if run == "base" else 0.02,
+                "base_pass_at_1": None if run == "base" else base_j[task],
+                "paired_N": None if run == "base" else n_problems,
+            }
+            path = root / "eval" / run / f"{task}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(summary))
+            paths["evals"].append(path)
+            if kl:
+                k3 = 0.0 if run == "base" else abs(rng.normal(0.02, 0.01))
+                kl_summary = {
+                    "run": run,
+                    "task": task,
+                    "k1_mean": k3 * 1.1,
+                    "k1_se": 0.002,
+                    "k3_mean": k3,
+                    "k3_se": 0.001,
+                    "n_prompts": 8,
+                    "n_samples": 2,
+                    "prompt_ids": ["p0"],
+                    "per_prompt_k1": [k3],
+                    "per_prompt_k3": [k3],
+                }
+                kl_path = root / "eval" / run / f"{task}.kl.json"
+                kl_path.write_text(json.dumps(kl_summary))
+                paths["kls"].append(kl_path)
+    for p in precisions:
+        for s in seeds:
+            out = root / "train" / p / f"seed{s}"
+            out.mkdir(parents=True, exist_ok=True)
+            lines = []
+            for step in range(1, steps + 1):
+                fresh = step % 2 == 1
+                kl_now = step % 5 == 0 or step == steps
+                lines.append(
+                    {
+                        "step": step,
+                        "generation_step": fresh,
+                        "reward": 0.2 + 0.01 * step,
+                        "reward_std": 0.1,
+                        "accuracy": 0.2 + 0.01 * step,
+                        "overlong_reward": None,
+                        "informative_frac": 0.5,
+                        "completion_length": 3.0,
+                        "truncation_rate": 0.0,
+                        "clip_low": 0.001,
+                        "clip_high": 0.002,
+                        "clip_region": 0.003 + rng.normal(0, 1e-4),
+                        "entropy": 2.0 - 0.01 * step,
+                        "grad_norm": 1.0,
+                        "learning_rate": 3e-5,
+                        "loss": 0.0,
+                        "step_time_s": 0.1,
+                        "wall_time_s": 0.1 * step,
+                        "epoch": step / 10,
+                        "kl_k1": 1e-3 * step if kl_now else None,
+                        "kl_k1_se": 1e-4 if kl_now else None,
+                        "kl_k3": 1e-3 * step if kl_now else None,
+                        "kl_k3_se": 1e-4 if kl_now else None,
+                    }
+                )
+            (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+            (out / "run.json").write_text(
+                json.dumps({"precision": p, "seed": s, "steps": steps, "train_wall_s": 0.1 * steps + 1})
+            )
+            paths["train"].append((out / "metrics.jsonl", out / "run.json"))
+            numel = 3000
+            summary = {
+                "etas": list(ETAS),
+                "eta_labels": [_eta_label(e) for e in ETAS],
+                "model": _sparsity_agg(rng, numel, p == "bf16"),
+                "by_module": {m: _sparsity_agg(rng, 1000, p == "bf16") for m in MODULES},
+                "by_layer": {
+                    "-1": _sparsity_agg(rng, 1000, p == "bf16"),
+                    "0": _sparsity_agg(rng, 2000, p == "bf16"),
+                },
+                "precision": p,
+                "seed": s,
+            }
+            sp = root / "sparsity" / p / f"seed{s}.summary.json"
+            sp.parent.mkdir(parents=True, exist_ok=True)
+            sp.write_text(json.dumps(summary))
+            paths["sparsity"].append(sp)
+    return paths
+
+
+def run_aggregate(paths: dict, roles: dict | None = None, precisions=("fp32", "bf16")):
+    return aggregate.aggregate(
+        paths["evals"], paths["kls"], paths["train"], paths["sparsity"], roles or TASKS, precisions
+    )
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory) -> dict:
+    return write_fake_results(tmp_path_factory.mktemp("results"))
+
+
+@pytest.fixture(scope="module")
+def tables(fake):
+    return run_aggregate(fake)
+
+
+# ----------------------------------------------------------------------------- the join
+
+
+def test_one_row_per_run_and_task_with_the_documented_columns(tables):
+    metrics, _, _, warnings = tables
+    assert len(metrics) == 7 * 3
+    assert not metrics.duplicated(["run", "task"]).any()
+    changed = [f"changed_frac_eta_{_eta_label(e)}" for e in ETAS]
+    assert list(metrics.columns) == aggregate.METRIC_COLUMNS + changed
+    assert warnings == []
+    # ordering: base first, then the reference arm, seeds ascending, tasks in config order
+    assert metrics["run"].iloc[0] == "base"
+    assert list(metrics["run"].drop_duplicates()) == ["base"] + [
+        f"{p}-s{s}" for p in ("fp32", "bf16") for s in (1, 2, 3)
+    ]
+    assert list(metrics["task"].iloc[:3]) == list(TASKS)
+
+
+def test_values_come_from_the_right_files(fake, tables):
+    metrics = tables[0].set_index(["run", "task"])
+    ev = json.loads((fake["evals"][0].parents[1] / "bf16-s2" / "mul.json").read_text())
+    kl = json.loads((fake["evals"][0].parents[1] / "bf16-s2" / "mul.kl.json").read_text())
+    row = metrics.loc[("bf16-s2", "mul")]
+    assert row["precision"] == "bf16" and row["seed"] == 2 and row["role"] == "off_task"
+    assert row["J"] == pytest.approx(ev["pass_at_1"])
+    assert row["dJ"] == pytest.approx(ev["dJ"])
+    assert row["eval_noise_var"] == pytest.approx(ev["eval_noise_var"])
+    assert row["n_problems"] == 30 and row["n_samples"] == 4
+    assert row["no_answer_frac"] == pytest.approx(12 / 120)
+    assert row["truncated_frac"] == pytest.approx(6 / 120)
+    assert row["kl_k3"] == pytest.approx(kl["k3_mean"]) and row["kl_k1_se"] == pytest.approx(0.002)
+    summary = json.loads((fake["sparsity"][0].parents[1] / "bf16" / "seed2.summary.json").read_text())
+    assert row["changed_frac_eta_1e-04"] == pytest.approx(summary["model"]["changed_fraction"]["1e-04"])
+    assert row["equal_bf16_frac"] == pytest.approx(0.8)
+    assert row["train_steps"] == 20 and row["train_wall_s"] == pytest.approx(3.0)
+
+
+def test_base_row_is_kept_with_null_identity_and_zero_dJ(tables):
+    metrics = tables[0]
+    base = metrics[metrics["run"] == "base"]
+    assert len(base) == 3
+    assert base["precision"].isna().all() and base["seed"].isna().all()
+    assert (base["dJ"] == 0).all()
+    assert (base["J"] == base["base_J"]).all()
+    assert base["train_steps"].isna().all() and base["equal_bf16_frac"].isna().all()
+    assert str(metrics["seed"].dtype) == "Int64"
+
+
+def test_training_summaries_use_generation_steps_and_windows():
+    steps = [
+        {
+            "step": i,
+            "generation_step": i % 2 == 1,
+            "reward": float(i),
+            "clip_region": 0.1 * (i > 18),
+            "informative_frac": 0.5,
+            "entropy": 1.0,
+            "kl_k3": 0.5 if i == 20 else None,
+        }
+        for i in range(1, 21)
+    ]
+    s = aggregate.train_summary(steps, {"steps": 20})
+    # generation steps 1, 3, ..., 19: 10 rollouts, windows of 1
+    assert s["train_rollouts"] == 10
+    assert s["reward_first10"] == 1.0 and s["reward_last10"] == 19.0 and s["reward_gain"] == 18.0
+    assert s["clip_region_last10"] == pytest.approx(0.1)  # steps 19, 20
+    assert s["train_kl_k3_final"] == 0.5
+    assert math.isnan(s["train_wall_s"])  # neither run.json nor wall_time_s say it
+    assert math.isnan(s["accuracy_first10"])
+
+
+def test_training_curves_table(tables):
+    curves = tables[1]
+    assert list(curves.columns) == aggregate.CURVE_COLUMNS
+    assert len(curves) == 6 * 20
+    one = curves[curves["run"] == "bf16-s3"]
+    assert list(one["step"]) == list(range(1, 21))
+    assert one["kl_k3"].notna().sum() == 4
+    assert one["generation_step"].dtype == bool
+
+
+def test_sparsity_table_has_every_scope_and_eta(tables):
+    sp = tables[2]
+    assert list(sp.columns) == aggregate.SPARSITY_TABLE_COLUMNS
+    one = sp[sp["run"] == "fp32-s1"]
+    assert set(one["scope"]) == {"model", "module", "layer"}
+    assert len(one) == (1 + len(MODULES) + 2) * len(ETAS)
+    assert sorted(one.loc[one["scope"] == "module", "group"].unique()) == sorted(MODULES)
+
+
+def test_stats_analyze_accepts_the_table(tables):
+    metrics = tables[0]
+    out = stats.analyze(
+        metrics,
+        {"bootstrap": 100, "power_simulations": 10, "max_seeds": 8, "mixed_model": False},
+        precisions=["fp32", "bf16"],
+    )
+    assert out["n"]["rows"] == 6 * 3  # base rows ignored
+    assert out["eval_noise_source"] == "column"
+    assert set(out["verdicts"]) == {"H1", "H2", "H3"}
+    assert out["by_task_type"]["off_task"]["tasks"] == ["mcq", "mul"]
+
+
+# ----------------------------------------------------------------------------- roles, gaps, errors
+
+
+def test_roles_come_from_the_config_not_the_eval_file(fake):
+    roles = {**TASKS, "mcq": "on_task"}
+    metrics = run_aggregate(fake, roles=roles)[0]
+    assert set(metrics.loc[metrics["task"] == "mcq", "role"]) == {"on_task"}
+    with pytest.raises(AggregateError, match=r"\['mcq'\].*no role"):
+        run_aggregate(fake, roles={"add_sub": "on_task", "mul": "off_task"})
+
+
+def test_missing_kl_and_null_fields_become_nan_with_a_warning(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1, 2), kl=True)
+    paths["kls"] = [p for p in paths["kls"] if "bf16-s1" not in str(p)]
+    target = tmp_path / "eval" / "fp32-s2" / "mcq.json"
+    d = json.loads(target.read_text())
+    d.update(pass_at_1_se=None, dJ_se=None, eval_noise_var=None)
+    target.write_text(json.dumps(d))
+    paths["sparsity"] = paths["sparsity"][:-1]  # bf16-s2 has no sparsity summary
+    metrics, _, _, warnings = run_aggregate(paths)
+    row = metrics.set_index(["run", "task"]).loc[("fp32-s2", "mcq")]
+    assert math.isnan(row["J_se"]) and math.isnan(row["dJ_se"]) and math.isnan(row["eval_noise_var"])
+    assert metrics.loc[metrics["run"] == "bf16-s1", "kl_k3"].isna().all()
+    assert metrics.loc[metrics["run"] == "fp32-s1", "kl_k3"].notna().all()
+    assert metrics.loc[metrics["run"] == "bf16-s2", "equal_bf16_frac"].isna().all()
+    assert any("KL (k3) missing for 3" in w for w in warnings)
+    assert any("sparsity summaries missing" in w and "bf16-s2" in w for w in warnings)
+
+
+def test_no_kl_files_at_all_gives_null_kl_columns(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1,), kl=False)
+    metrics = run_aggregate(paths)[0]
+    assert metrics["kl_k3"].isna().all()
+
+
+def test_malformed_json_names_the_file(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1,))
+    bad = paths["evals"][4]
+    bad.write_text('{"run": "fp32-s1", "task": ')
+    with pytest.raises(AggregateError, match=re.escape(str(bad)) + r": not valid JSON"):
+        run_aggregate(paths)
+    bad.write_text(json.dumps({"run": "fp32-s1", "task": "mul", "N": 3}))
+    with pytest.raises(
+        AggregateError, match=re.escape(str(bad)) + r": missing key\(s\) \['pass_at_1', 'n'\]"
+    ):
+        run_aggregate(paths)
+    bad.write_text("[1, 2]")
+    with pytest.raises(AggregateError, match=re.escape(str(bad)) + r": expected a JSON object"):
+        run_aggregate(paths)
+
+
+def test_malformed_metrics_line_names_file_and_line(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1,))
+    metrics_path = paths["train"][0][0]
+    lines = metrics_path.read_text().splitlines()
+    lines[2] = lines[2][:-5]
+    metrics_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(AggregateError, match=re.escape(str(metrics_path)) + r":3: not valid JSON"):
+        run_aggregate(paths)
+
+
+def test_duplicate_run_task_and_bad_run_name_raise(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1,))
+    copy = tmp_path / "copy.json"
+    copy.write_text(paths["evals"][0].read_text())
+    with pytest.raises(AggregateError, match="duplicate run x task"):
+        aggregate.aggregate([*paths["evals"], copy], [], [], [], TASKS)
+    d = json.loads(copy.read_text())
+    d["run"] = "weird"
+    copy.write_text(json.dumps(d))
+    with pytest.raises(AggregateError, match=re.escape(str(copy)) + r": run name 'weird'"):
+        aggregate.aggregate([copy], [], [], [], TASKS)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_writes_the_three_tables(fake, tmp_path):
+    out = tmp_path / "analysis"
+    argv = [
+        "--eval",
+        *map(str, fake["evals"]),
+        "--kl",
+        *map(str, fake["kls"]),
+        "--train-metrics",
+        *(str(m) for m, _ in fake["train"]),
+        "--train-runs",
+        *(str(r) for _, r in fake["train"]),
+        "--sparsity",
+        *map(str, fake["sparsity"]),
+        "--roles",
+        *(f"{t}={r}" for t, r in TASKS.items()),
+        "--precisions",
+        "fp32",
+        "bf16",
+        "--out",
+        str(out / "metrics.parquet"),
+        "--curves",
+        str(out / "curves.parquet"),
+        "--sparsity-out",
+        str(out / "sparsity.parquet"),
+    ]
+    assert aggregate.main(argv) == 0
+    metrics = pd.read_parquet(out / "metrics.parquet")
+    assert len(metrics) == 21 and str(metrics["seed"].dtype) == "Int64"
+    assert metrics.loc[metrics["run"] == "base", "precision"].isna().all()
+    assert len(pd.read_parquet(out / "curves.parquet")) == 120
+    assert len(pd.read_parquet(out / "sparsity.parquet")) > 0
+    with pytest.raises(SystemExit):
+        aggregate.main(
+            [*argv[:2], "--roles", "add_sub", "--out", "x", "--curves", "y", "--sparsity-out", "z"]
+        )

@@ -1,0 +1,417 @@
+"""Evaluation: pass@k estimators, batched generation, scoring adversarial outputs, backends, the rules."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from workflow_scripts import passk
+from workflow_scripts.evaluate import (
+    SAMPLE_COLUMNS,
+    derive_seed,
+    evaluate_run,
+    generate,
+    kl_prompt_indices,
+    run_model_dir,
+    score,
+    summarize,
+)
+from workflow_scripts.generation import (
+    Completion,
+    bounded_batch_size,
+    generation_bytes_per_sequence,
+    sample_completions,
+)
+from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama
+from workflow_scripts.rows import make_row, write_rows
+
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32,
+        "max_position_embeddings": 64, "seed": 0}  # fmt: skip
+EVAL_CFG = {"n_samples": 3, "temperature": 0.7, "top_p": 0.8, "batch_size": 256, "backend": "hf", "seed": 0,
+            "verify_timeout": 1.5, "code_timeout": 1.5, "kl_prompts": 4, "kl_samples": 2,
+            "memory_budget_gb": None}  # fmt: skip
+PROMPTS = ["1+2=", "33+44=", "5-1=", "12+7=", "100-1="]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(len(tok), TINY, tok).eval()
+    return model, tok
+
+
+def _save(model, tok, path: Path, dtype=torch.float32) -> Path:
+    copy.deepcopy(model).to(dtype).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+def _samples(counts: dict[str, int], n: int, order: list[str] | None = None) -> pd.DataFrame:
+    """A samples table with counts[pid] of n samples correct per problem."""
+    rows = []
+    for idx, pid in enumerate(order or list(counts)):
+        for s in range(n):
+            rows.append({"run": "r", "task": "t", "prompt_id": pid, "prompt_index": idx, "sample_index": s,
+                         "completion": "", "extracted": None, "correct": s < counts[pid], "status": "ok",
+                         "length": 1, "truncated": False})  # fmt: skip
+    return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
+
+
+# ------------------------------------------------------------------------------------------- pass@k
+
+
+def test_pass_at_k_matches_closed_form():
+    for n in range(1, 13):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+                assert passk.pass_at_k(n, c, k) == pytest.approx(float(exact), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_matches_subset_enumeration():
+    """pass@k = the fraction of k-subsets of the n samples with at least one correct sample."""
+    for n in range(1, 7):
+        for correct in itertools.product([False, True], repeat=n):
+            c = sum(correct)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(correct, k))
+                brute = sum(any(s) for s in subsets) / len(subsets)
+                assert passk.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12)
+
+
+def test_pass_at_k_is_stable_for_large_n():
+    n, c, k = 2000, 3, 512
+    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))  # exact big-integer arithmetic
+    assert passk.pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-10)
+    assert passk.pass_at_k(n, 0, k) == 0.0 and passk.pass_at_k(n, n - k + 1, k) == 1.0
+    with pytest.raises(ValueError):
+        passk.pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        passk.pass_at_k(4, 1, 5)
+
+
+def test_k_values_are_powers_of_two_and_n():
+    assert passk.k_values(1) == [1]
+    assert passk.k_values(6) == [1, 2, 4, 6]
+    assert passk.k_values(8) == [1, 2, 4, 8]
+
+
+def test_summary_pass_at_1_and_standard_error():
+    counts = {"a": 0, "b": 1, "c": 3, "d": 4, "e": 2}
+    summary = summarize(_samples(counts, 4), 4)
+    p = np.array(list(counts.values())) / 4
+    assert summary["N"] == 5 and summary["n"] == 4
+    assert summary["pass_at_1"] == pytest.approx(p.mean())
+    assert summary["pass_at_1_se"] == pytest.approx(p.std(ddof=1) / math.sqrt(5))
+    assert summary["pass_at_k"]["1"]["mean"] == pytest.approx(p.mean())
+    assert set(summary["pass_at_k"]) == {"1", "2", "4"}
+    assert summary["pass_at_k"]["4"]["mean"] == pytest.approx(0.8)  # every problem with any success
+    assert summary["problem_ids"] == list(counts) and summary["correct_counts"] == list(counts.values())
+    assert summary["eval_noise_var"] == pytest.approx(np.mean(p * (1 - p) / 3) / 5)
+    assert summary["dJ"] is None and summary["dJ_se"] is None
+
+
+def test_eval_noise_variance_is_unbiased():
+    """E[eval_noise_var] = Var(pass@1 | problems) under binomial sampling (Monte Carlo)."""
+    rng = np.random.default_rng(0)
+    p_true = rng.uniform(0, 1, size=30)
+    n, sims = 4, 40_000
+    c = rng.binomial(n, p_true, size=(sims, len(p_true)))
+    pass1 = (c / n).mean(axis=1)
+    true_var = float(np.mean(p_true * (1 - p_true) / n) / len(p_true))
+    phat = c / n
+    estimates = (phat * (1 - phat) / (n - 1)).mean(axis=1) / len(p_true)
+    assert estimates.mean() == pytest.approx(true_var, rel=0.01)
+    assert pass1.var() == pytest.approx(true_var, rel=0.03)
+    assert passk.eval_noise_variance(1, [0, 1]) is None
+
+
+def test_paired_dj_pairs_by_problem_id():
+    run = {"a": 4, "b": 2, "c": 0, "d": 3}
+    base = {"a": 2, "b": 2, "c": 1, "d": 0}
+    base_table = _samples(base, 4, order=["d", "c", "b", "a"])  # another order: pairing is by id
+    summary = summarize(_samples(run, 4), 4, base_table)
+    d = np.array([run[k] - base[k] for k in run]) / 4
+    assert summary["dJ"] == pytest.approx(d.mean())
+    assert summary["dJ_se"] == pytest.approx(d.std(ddof=1) / 2)
+    assert summary["base_pass_at_1"] == pytest.approx(np.mean(list(base.values())) / 4)
+    assert summary["paired_N"] == 4
+    with pytest.raises(ValueError, match="other problems"):
+        summarize(_samples(run, 4), 4, _samples({"a": 1, "b": 1, "c": 1, "x": 1}, 4))
+
+
+def test_summary_rejects_wrong_sample_count():
+    with pytest.raises(ValueError, match="expected 3 samples"):
+        summarize(_samples({"a": 1}, 2), 3)
+
+
+# --------------------------------------------------------------------------------------- generation
+
+
+def test_batched_greedy_equals_per_prompt_generation(tiny):
+    """Left padding + position ids: a mixed-length batch decodes exactly like each prompt alone."""
+    model, tok = tiny
+    batched = sample_completions(model, tok, PROMPTS, max_new_tokens=5)
+    single = [sample_completions(model, tok, [p], max_new_tokens=5)[0] for p in PROMPTS]
+    assert [c.token_ids for c in batched] == [c.token_ids for c in single]
+    tiny_budget = sample_completions(model, tok, PROMPTS, max_new_tokens=5, memory_budget_gb=1e-12)
+    assert [c.token_ids for c in tiny_budget] == [c.token_ids for c in single]
+
+
+def test_sampling_is_prompt_major_reproducible_and_leaves_global_rng(tiny):
+    model, tok = tiny
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = sample_completions(model, tok, PROMPTS, n_samples=3, temperature=1.0, max_new_tokens=6, seed=5)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = sample_completions(model, tok, PROMPTS, n_samples=3, temperature=1.0, max_new_tokens=6, seed=5)
+    c = sample_completions(model, tok, PROMPTS, n_samples=3, temperature=1.0, max_new_tokens=6, seed=6)
+    assert a == b and a != c
+    assert [(x.prompt_index, x.sample_index) for x in a] == [(i, s) for i in range(5) for s in range(3)]
+    for x in a:
+        assert x.num_tokens == len(x.token_ids) + (x.stop_token_id is not None)
+        assert x.truncated == (x.stop_token_id is None) and x.num_tokens <= 6
+
+
+def test_saved_generation_defaults_do_not_change_sampling(tiny):
+    """A model's generation_config (top_k, repetition penalty, ...) must not leak into the sampler."""
+    model, tok = tiny
+    clean = sample_completions(model, tok, PROMPTS, n_samples=2, temperature=1.0, max_new_tokens=6, seed=1)
+    dirty = copy.deepcopy(model)
+    dirty.generation_config.top_k = 1
+    dirty.generation_config.repetition_penalty = 5.0
+    dirty.generation_config.min_new_tokens = 6
+    dirty.generation_config.no_repeat_ngram_size = 1
+    again = sample_completions(dirty, tok, PROMPTS, n_samples=2, temperature=1.0, max_new_tokens=6, seed=1)
+    assert [c.token_ids for c in again] == [c.token_ids for c in clean]
+
+
+def test_generation_stops_at_any_configured_end_token(tiny):
+    model, tok = tiny
+    free = sample_completions(model, tok, PROMPTS, n_samples=4, temperature=1.0, max_new_tokens=6, seed=2)
+    first = next(c.token_ids[0] for c in free if c.token_ids)
+    stopper = copy.deepcopy(model)
+    stopper.generation_config.eos_token_id = [tok.eos_token_id, first]
+    out = sample_completions(stopper, tok, PROMPTS, n_samples=4, temperature=1.0, max_new_tokens=6, seed=2)
+    assert any(c.stop_token_id == first for c in out)
+    assert all(first not in c.token_ids for c in out)
+
+
+def test_memory_bound_caps_batch_size(tiny):
+    model, _ = tiny
+    per_seq = generation_bytes_per_sequence(model, prompt_tokens=100, new_tokens=50)
+    assert per_seq > 0
+    assert bounded_batch_size(256, per_seq, 10 * per_seq) == 10
+    assert bounded_batch_size(256, per_seq, 0) == 1
+    assert bounded_batch_size(4, per_seq, 10**15) == 4
+
+
+# ------------------------------------------------------------------------------- adversarial scoring
+
+ADD_META = {"entry_point": "add", "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+            "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"}  # fmt: skip
+HUGE_LATEX = "\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}"
+
+
+def test_score_and_summarize_survive_adversarial_outputs():
+    code_rows = [make_row("c0", "code", "code", ADD_META["prompt"], "", ADD_META),
+                 make_row("c1", "code", "code", ADD_META["prompt"], "", ADD_META)]  # fmt: skip
+    code = [Completion(0, 0, "    return a + b\n", 5, False),
+            Completion(0, 1, "    while True:\n        pass\n", 8, True),
+            Completion(1, 0, "", 1, False),
+            Completion(1, 1, "    return a - b\n", 5, False)]  # fmt: skip
+    frame = score(code_rows, code, "code", EVAL_CFG, run="r", task="code")
+    assert list(frame.columns) == list(SAMPLE_COLUMNS)
+    assert frame["correct"].tolist() == [True, False, False, False]
+    assert frame["status"].tolist() == ["ok", "timeout", "no_answer", "ok"]
+    summary = summarize(frame, 2)
+    assert summary["counts"] == {"samples": 4, "correct": 1, "ok": 2, "no_answer": 1, "timeout": 1,
+                                 "error": 0, "truncated": 1}  # fmt: skip
+    assert summary["correct_counts"] == [1, 0] and summary["pass_at_1"] == pytest.approx(0.25)
+
+    math_rows = [make_row("m0", "math", "math", "half?", "\\frac{1}{2}")]
+    texts = ["\\boxed{\\frac{1}{2}}", HUGE_LATEX, "no answer at all"]
+    comps = [Completion(0, s, t, 4, False) for s, t in enumerate(texts)]
+    frame = score(math_rows, comps, "math", EVAL_CFG)
+    assert frame["correct"].tolist() == [True, False, False]
+    assert frame["status"][1] in ("timeout", "error")
+    summary = summarize(frame, 3)
+    assert summary["counts"]["timeout"] + summary["counts"]["error"] >= 1
+    assert summary["pass_at_1"] == pytest.approx(1 / 3)
+
+
+# ------------------------------------------------------------------------------------------ backends
+
+
+def test_hf_path_never_imports_vllm(tiny, tmp_path, monkeypatch):
+    fake = tmp_path / "fake" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise AssertionError('vllm was imported')\n")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    monkeypatch.setitem(sys.modules, "vllm", None)  # recorded, so teardown drops the module imported here
+    monkeypatch.delitem(sys.modules, "vllm")
+    model, tok = tiny
+    model_dir = _save(model, tok, tmp_path / "model")
+    completions, info = generate(model_dir, PROMPTS, EVAL_CFG, max_new_tokens=4, seed=0)
+    assert len(completions) == 15 and info["backend"] == "hf" and info["dtype"] == "float32"
+    assert "vllm" not in sys.modules
+
+
+def test_vllm_backend_without_vllm_names_the_config_key(tiny, tmp_path, monkeypatch):
+    from workflow_scripts.vllm_backend import BackendError
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    model, tok = tiny
+    model_dir = _save(model, tok, tmp_path / "model")
+    with pytest.raises(BackendError, match=r"eval\.backend"):
+        generate(model_dir, PROMPTS, {**EVAL_CFG, "backend": "vllm"}, max_new_tokens=4, seed=0)
+    with pytest.raises(ValueError, match=r"eval\.backend"):
+        generate(model_dir, PROMPTS, {**EVAL_CFG, "backend": "tpu"}, max_new_tokens=4, seed=0)
+
+
+FAKE_VLLM = '''
+import types
+calls = []
+class SamplingParams:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+class LLM:
+    def __init__(self, **kw):
+        calls.append(kw)
+    def generate(self, prompts, params, use_tqdm=False):
+        out = []
+        for prompt, p in zip(prompts, params):
+            samples = []
+            for s in range(p.n):
+                if s == 0:  # ended by an end token, which vLLM keeps in token_ids
+                    ids, reason = [40, p.stop_token_ids[0]], "stop"
+                else:  # ran out of tokens
+                    ids, reason = [41] * p.max_tokens, "length"
+                samples.append(types.SimpleNamespace(token_ids=ids, finish_reason=reason))
+            out.append(types.SimpleNamespace(outputs=samples))
+        return out
+'''
+
+
+def test_vllm_adapter_maps_outputs_to_completions(tiny, tmp_path, monkeypatch):
+    fake = tmp_path / "fake" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_VLLM)
+    monkeypatch.syspath_prepend(str(fake.parent))
+    monkeypatch.setitem(sys.modules, "vllm", None)  # recorded, so teardown drops the module imported here
+    monkeypatch.delitem(sys.modules, "vllm")
+    model, tok = tiny
+    model_dir = _save(model, tok, tmp_path / "model", torch.bfloat16)
+    completions, info = generate(model_dir, PROMPTS[:2], {**EVAL_CFG, "backend": "vllm"}, 4, seed=7)
+    import vllm
+
+    assert vllm.calls[0]["dtype"] == "bfloat16" and vllm.calls[0]["generation_config"] == "vllm"
+    assert info == {**info, "backend": "vllm", "dtype": "bfloat16"}
+    order = [(c.prompt_index, c.sample_index) for c in completions]
+    assert order == [(i, s) for i in range(2) for s in range(3)]
+    ended, cut = completions[0], completions[1]
+    assert ended.token_ids == (40,) and ended.stop_token_id == tok.eos_token_id and not ended.truncated
+    assert ended.num_tokens == 2 and ended.text == tok.decode([40])
+    assert cut.truncated and cut.num_tokens == 4 and cut.stop_token_id is None
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def _data(tmp_path: Path) -> Path:
+    rows = [make_row(f"q{i}", "t", "integer", p, eval(p[:-1])) for i, p in enumerate(PROMPTS)]
+    path = tmp_path / "t.jsonl"
+    write_rows(path, rows)
+    return path
+
+
+def test_evaluate_run_writes_samples_and_summary_in_the_saved_dtype(tiny, tmp_path):
+    model, tok = tiny
+    base_dir = _save(model, tok, tmp_path / "base")
+    run_dir = _save(model, tok, tmp_path / "run", torch.bfloat16)
+    data = _data(tmp_path)
+    task_cfg = {"kind": "integer", "role": "on_task", "max_new_tokens": 4}
+    out = tmp_path / "eval"
+    base = evaluate_run(base_dir, data, out / "base/t.samples.parquet", out / "base/t.json", EVAL_CFG,
+                        task_cfg, "base", "t")  # fmt: skip
+    run = evaluate_run(run_dir, data, out / "bf16-s1/t.samples.parquet", out / "bf16-s1/t.json", EVAL_CFG,
+                       task_cfg, "bf16-s1", "t", base_samples=out / "base/t.samples.parquet")  # fmt: skip
+    samples = pd.read_parquet(out / "bf16-s1/t.samples.parquet")
+    assert list(samples.columns) == list(SAMPLE_COLUMNS) and len(samples) == 5 * 3
+    assert samples["length"].between(1, 4).all()
+    on_disk = json.loads((out / "bf16-s1/t.json").read_text())
+    assert on_disk == json.loads(json.dumps(run))
+    assert base["dtype"] == "float32" and run["dtype"] == "bfloat16"
+    assert base["dJ"] is None and run["dJ"] == pytest.approx(run["pass_at_1"] - base["pass_at_1"])
+    assert run["N"] == 5 and run["n"] == 3 and run["role"] == "on_task" and run["seed"] != base["seed"]
+    assert run["sampling"] == {"temperature": 0.7, "top_p": 0.8, "max_new_tokens": 4, "n_samples": 3}
+    again = evaluate_run(base_dir, data, tmp_path / "x.parquet", tmp_path / "x.json", EVAL_CFG, task_cfg,
+                         "base", "t")  # fmt: skip
+    assert again["correct_counts"] == base["correct_counts"]
+    assert pd.read_parquet(tmp_path / "x.parquet").equals(pd.read_parquet(out / "base/t.samples.parquet"))
+
+
+def test_seeds_and_kl_prompts_are_stable():
+    assert derive_seed(0, "base", "add_sub", "eval") == derive_seed(0, "base", "add_sub", "eval")
+    seeds = {derive_seed(s, r, t, "eval") for s in (0, 1) for r in ("base", "fp32-s1") for t in ("a", "b")}
+    assert len(seeds) == 8 and all(0 <= s < 2**31 for s in seeds)
+    assert derive_seed(0, "base", "add_sub", "eval") == 557882688  # never changes silently
+    picked = kl_prompt_indices(100, 10, 3)
+    assert picked == sorted(picked) and len(set(picked)) == 10 and picked == kl_prompt_indices(100, 10, 3)
+    assert kl_prompt_indices(5, 10, 3) == [0, 1, 2, 3, 4]
+    assert run_model_dir("bf16-s3") == Path("results/train/bf16/seed3/model")
+    assert run_model_dir("base") == Path("results/models/base")
+
+
+# ----------------------------------------------------------------------------------- snakemake level
+
+
+@pytest.mark.slow
+def test_evaluate_and_kl_rules_for_base(tmp_path):
+    from conftest import load_test_config, make_workflow_dir, planned_jobs, run_snakemake, set_key
+
+    config = load_test_config()
+    tasks = list(config["data"]["tasks"])
+    wf = make_workflow_dir(tmp_path / "wf", config)
+    targets = [f"results/eval/base/{t}{suffix}" for t in tasks for suffix in (".json", ".kl.json")]
+    proc = run_snakemake(wf, *targets, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    n = config["eval"]["n_samples"]
+    for task in tasks:
+        summary = json.loads((wf / f"results/eval/base/{task}.json").read_text())
+        samples = pd.read_parquet(wf / f"results/eval/base/{task}.samples.parquet")
+        assert len(samples) == summary["N"] * n == config["data"]["tasks"][task]["n"] * n
+        assert 0.0 <= summary["pass_at_1"] <= 1.0 and summary["dtype"] == "float32"
+        kl = json.loads((wf / f"results/eval/base/{task}.kl.json").read_text())
+        assert kl["k1_mean"] == 0.0 and kl["k3_mean"] == 0.0  # base vs base: exactly
+        ev = config["eval"]
+        assert (kl["n_prompts"], kl["n_samples"]) == (ev["kl_prompts"], ev["kl_samples"])
+        for rule in ("evaluate", "kl"):
+            assert (wf / f"logs/{rule}/base/{task}.log").exists()
+            assert (wf / f"benchmarks/{rule}/base/{task}.tsv").exists()
+    cfg = wf / "config.yaml"
+    original = cfg.read_text()
+    set_key(cfg, "analysis.alpha", 0.01)
+    set_key(cfg, "train.learning_rate", 1e-5)
+    assert planned_jobs(wf, *targets) == {}
+    set_key(cfg, "eval.kl_samples", 3)
+    assert planned_jobs(wf, *targets) == {"kl": len(tasks)}
+    cfg.write_text(original)
+    set_key(cfg, "eval.n_samples", 3)
+    assert planned_jobs(wf, *targets) == {"evaluate": len(tasks)}
+    cfg.write_text(original)
+    jobs = planned_jobs(wf, f"results/eval/fp32-s1/{tasks[0]}.json")
+    assert jobs == {"train": 1, "evaluate": 1}  # the base samples exist; the run's model does not

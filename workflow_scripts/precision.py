@@ -1,0 +1,283 @@
+"""Precision modes: one config entry (``precisions.<name>``) -> everything numeric a training run does.
+
+A mode is data. ``PrecisionMode.from_config`` reads it; the train stage applies it through the
+functions below and nowhere else, so a new arm (fp16 autocast, bf16 autocast over fp32 masters, ...)
+is a new config entry, never a code change.
+
+| mode field    | what it switches                                                        | applied by       |
+|---------------|-------------------------------------------------------------------------|------------------|
+| param_dtype   | dtype the policy is loaded in = dtype of the master weights, their      | load_policy      |
+|               | gradients and AdamW's states (exp_avg/exp_avg_sq are created like the   | (modeling.       |
+|               | parameter: bfloat16 masters => bfloat16 optimizer state, no fp32 copy   | load_model),     |
+|               | anywhere). Checked at start and end: any trainable tensor of another    | check_param_     |
+|               | dtype is an error. The saved weights are read back from the safetensors | dtypes,          |
+|               | headers and checked too.                                                | saved_dtypes     |
+| autocast      | null: no autocast anywhere. TRL's GRPOConfig turns bf16 autocast ON by  | trainer_         |
+|               | default, so bf16=False, fp16=False are ALWAYS passed. bfloat16/float16: | precision_args,  |
+|               | accelerate's native mixed precision (bf16=True / fp16=True), i.e.       | check_supported, |
+|               | torch.autocast around every forward over param_dtype masters (fp16 adds | AutocastProbe    |
+|               | a GradScaler). Only over float32 masters; autocast float32 is rejected. |                  |
+|               | fp16 autocast needs a CUDA device: a clear error on CPU. The run        |                  |
+|               | OBSERVES the autocast state inside the first training forward.          |                  |
+| deterministic | true: torch.use_deterministic_algorithms(True), cuDNN deterministic and | apply_           |
+|               | no benchmark, CUBLAS_WORKSPACE_CONFIG=:4096:8 and                       | determinism      |
+|               | FLASH_ATTENTION_DETERMINISTIC=1 (CUDA). false: all explicitly off (the  |                  |
+|               | switch is process-global; a previous run's setting never leaks). Seeds  |                  |
+|               | come from the run's seed either way. transformers' full_determinism is  |                  |
+|               | NOT used: it also sets CUDA_LAUNCH_BLOCKING=1, which serialises every   |                  |
+|               | kernel launch on a GPU; the rest of what it does is done here.          |                  |
+| dropout       | every ``*dropout*`` key of the model config (Llama: attention_dropout;  | load_policy      |
+|               | other architectures: hidden/embedding/residual dropouts) set to this    |                  |
+|               | value; TRL's disable_dropout stays off so the config value is what runs.|                  |
+|               | TRL never switches to eval mode: dropout is active in the rollouts and  |                  |
+|               | in the old-log-prob pass, so dropout > 0 alone makes the policy ratio   |                  |
+|               | differ from 1 and lowers the rollout reward (tiny default, bf16, 40     |                  |
+|               | steps: clip fraction 5.6% / reward 0.029 with dropout 0.1, 0% / 0.063   |                  |
+|               | with dropout 0). The KL log and evaluation sample in eval mode.         |                  |
+| (always)      | TF32 off (allow_tf32=False for matmul and cuDNN, float32 matmul         | apply_           |
+|               | precision "highest"): a float32 arm computes in IEEE fp32 on Ampere+.   | determinism      |
+
+On CPU the kernels used here are deterministic anyway (same (mode, seed) => bit-identical weights,
+tested for the fp32 arm); the flag matters on GPUs, where it needs checking there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from workflow_scripts.modeling import dropout_keys, load_model, torch_dtype
+
+
+class PrecisionError(RuntimeError):
+    """A precision mode that cannot be honoured (unsupported on this device, or a dtype check failed)."""
+
+
+_SAFETENSORS_DTYPES = {
+    "F32": "float32",
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F64": "float64",
+    "I64": "int64",
+    "I32": "int32",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class PrecisionMode:
+    name: str
+    param_dtype: str
+    autocast: str | None = None
+    deterministic: bool = False
+    dropout: float = 0.0
+
+    @classmethod
+    def from_config(cls, name: str, entry: Mapping) -> PrecisionMode:
+        mode = cls(
+            name=name,
+            param_dtype=entry["param_dtype"],
+            autocast=entry.get("autocast"),
+            deterministic=bool(entry.get("deterministic", False)),
+            dropout=float(entry.get("dropout", 0.0)),
+        )
+        torch_dtype(mode.param_dtype)
+        if mode.autocast is not None:
+            torch_dtype(mode.autocast)
+            if mode.autocast == "float32":
+                raise PrecisionError(
+                    f"precisions.{name}.autocast: autocast only lowers precision; "
+                    "float32 is not an autocast dtype (use null)"
+                )
+            if mode.autocast == mode.param_dtype:
+                raise PrecisionError(
+                    f"precisions.{name}.autocast: autocast to the master dtype is a no-op; use null"
+                )
+            if mode.param_dtype != "float32":
+                raise PrecisionError(
+                    f"precisions.{name}.autocast: autocast runs over float32 masters only "
+                    f"(param_dtype is {mode.param_dtype})"
+                )
+        return mode
+
+    @property
+    def torch_param_dtype(self) -> torch.dtype:
+        return torch_dtype(self.param_dtype)
+
+    @property
+    def torch_autocast_dtype(self) -> torch.dtype | None:
+        return torch_dtype(self.autocast) if self.autocast else None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def mode_from_config(config: Mapping, name: str) -> PrecisionMode:
+    try:
+        entry = config["precisions"][name]
+    except KeyError as err:
+        raise PrecisionError(
+            f"unknown precision {name!r}; configured: {sorted(config['precisions'])}"
+        ) from err
+    return PrecisionMode.from_config(name, entry)
+
+
+def check_supported(mode: PrecisionMode, device_type: str) -> None:
+    """Fail early and clearly where the device cannot run the mode honestly."""
+    if mode.autocast == "float16" and device_type != "cuda":
+        raise PrecisionError(
+            f"precision {mode.name!r}: float16 autocast (AMP with a GradScaler) needs a CUDA device; "
+            f"this run is on "
+            f"{device_type!r}. Use autocast bfloat16 on CPU, or run this arm on a GPU."
+        )
+    if (
+        device_type == "cuda"
+        and "bfloat16" in (mode.param_dtype, mode.autocast)
+        and not torch.cuda.is_bf16_supported()
+    ):
+        raise PrecisionError(f"precision {mode.name!r}: this GPU does not support bfloat16")
+
+
+def trainer_precision_args(mode: PrecisionMode) -> dict:
+    """The GRPOConfig / TrainingArguments fields a mode sets (bf16 and fp16 are ALWAYS passed explicitly)."""
+    return {
+        "bf16": mode.autocast == "bfloat16",
+        "fp16": mode.autocast == "float16",
+        "disable_dropout": False,
+        # see the module docstring: apply_determinism does it without CUDA_LAUNCH_BLOCKING
+        "full_determinism": False,
+    }
+
+
+def apply_determinism(mode: PrecisionMode) -> dict:
+    """Set (or explicitly unset) the process-global determinism switches; return what was set."""
+    if mode.deterministic:
+        # must be in place before the first cuBLAS handle is created (i.e. before the model moves to the GPU)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        os.environ["FLASH_ATTENTION_DETERMINISTIC"] = "1"
+    else:
+        os.environ.pop("FLASH_ATTENTION_DETERMINISTIC", None)
+    torch.use_deterministic_algorithms(mode.deterministic)
+    torch.backends.cudnn.deterministic = mode.deterministic
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return {
+        "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "tf32": False,
+    }
+
+
+def load_policy(model_dir: str | os.PathLike, mode: PrecisionMode, trust_remote_code: bool = False):
+    """The policy in exactly ``param_dtype`` with the mode's dropout on every dropout key; dtypes checked."""
+    model = load_model(model_dir, mode.param_dtype, trust_remote_code=trust_remote_code, dropout=mode.dropout)
+    check_param_dtypes(model, mode)
+    return model
+
+
+def trainable_dtypes(model) -> dict[str, str]:
+    return {name: dtype_name(p.dtype) for name, p in model.named_parameters() if p.requires_grad}
+
+
+def check_param_dtypes(model, mode: PrecisionMode) -> dict[str, str]:
+    """Every trainable tensor must be ``param_dtype``; raise (listing the offenders) otherwise."""
+    dtypes = trainable_dtypes(model)
+    if not dtypes:
+        raise PrecisionError("the model has no trainable parameters")
+    wrong = {n: d for n, d in dtypes.items() if d != mode.param_dtype}
+    if wrong:
+        shown = ", ".join(f"{n}={d}" for n, d in list(wrong.items())[:8])
+        raise PrecisionError(
+            f"precision {mode.name!r}: {len(wrong)}/{len(dtypes)} trainable tensors are not "
+            f"{mode.param_dtype}: {shown}"
+        )
+    return dtypes
+
+
+def model_dropouts(model) -> dict[str, float]:
+    return {k: getattr(model.config, k) for k in dropout_keys(model.config)}
+
+
+def saved_dtypes(model_dir: str | os.PathLike) -> dict[str, str]:
+    """Tensor name -> dtype as written in the safetensors files of ``model_dir`` (headers only)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise PrecisionError(f"{model_dir}: no safetensors files")
+    out: dict[str, str] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                code = fh.get_slice(key).get_dtype()
+                out[key] = _SAFETENSORS_DTYPES.get(code, code)
+    return out
+
+
+def summarize_dtypes(dtypes: Mapping[str, str]) -> dict[str, int]:
+    """dtype -> count of tensors."""
+    counts: dict[str, int] = {}
+    for d in dtypes.values():
+        counts[d] = counts.get(d, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def autocast_context(mode: PrecisionMode, device_type: str):
+    """``torch.autocast`` for the mode (or a null context), for forwards run outside the trainer."""
+    if mode.autocast is None:
+        return contextlib.nullcontext()
+    check_supported(mode, device_type)
+    return torch.autocast(device_type=device_type, dtype=mode.torch_autocast_dtype)
+
+
+class AutocastProbe:
+    """Records, from inside the first gradient-enabled forward of ``model``, whether autocast is on.
+
+    A forward hook on the last linear layer of the network body (not ``lm_head``: TRL computes the
+    log-probs with a fused head that never calls that module), i.e. inside whatever autocast context
+    wraps the model's forward (accelerate patches ``model.forward`` itself, so a hook on the top module
+    would run after that context has exited). It reads ``torch.is_autocast_enabled(device)``, the
+    autocast dtype and the dtype that layer actually computed in: what really happened, not what the
+    config asked for. The hook removes itself after firing once, so it costs nothing afterwards.
+    """
+
+    def __init__(self, model) -> None:
+        self.record: dict | None = None
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        linears = [
+            (n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head
+        ]
+        if not linears:
+            raise PrecisionError("AutocastProbe: the model has no linear layer to observe")
+        self.layer_name, layer = linears[-1]
+        self._handle = layer.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output) -> None:
+        if not torch.is_grad_enabled() or self.record is not None:
+            return
+        device_type = output.device.type
+        enabled = torch.is_autocast_enabled(device_type)
+        self.record = {
+            "enabled": enabled,
+            "dtype": dtype_name(torch.get_autocast_dtype(device_type)) if enabled else None,
+            "layer": self.layer_name,
+            "layer_output_dtype": dtype_name(output.dtype),
+            "device": device_type,
+        }
+        self._handle.remove()
+
+    def close(self) -> None:
+        self._handle.remove()
