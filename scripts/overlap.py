@@ -8,5 +8,6 @@ with rule_logging(snakemake.log[0]):
     argv = ["--base", snakemake.input.base, "--precision", snakemake.wildcards.precision,
             "--seeds", *map(str, snakemake.params.seeds), "--finals", *snakemake.input.finals,
             "--out", snakemake.output.table, "--by-module-out", snakemake.output.by_module,
-            "--threads", str(snakemake.threads), "--etas", *map(str, snakemake.params.etas)]  # fmt: skip
+            "--threads", str(snakemake.threads), "--cast-base-to-final",
+            "--etas", *map(str, snakemake.params.etas)]  # fmt: skip
     overlap.main(argv)

@@ -8,5 +8,6 @@ with rule_logging(snakemake.log[0]):
     argv = ["--base", snakemake.input.base, "--final", snakemake.input.final,
             "--out", snakemake.output.table, "--summary", snakemake.output.summary,
             "--precision", snakemake.wildcards.precision, "--seed", snakemake.wildcards.seed,
-            "--threads", str(snakemake.threads), "--etas", *map(str, snakemake.params.etas)]  # fmt: skip
+            "--threads", str(snakemake.threads), "--cast-base-to-final",
+            "--etas", *map(str, snakemake.params.etas)]  # fmt: skip
     sparsity.main(argv)

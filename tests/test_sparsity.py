@@ -299,3 +299,20 @@ def test_main_writes_tensor_table_and_summary(tmp_path):
     long = sp.to_long(frame)
     assert len(long) == 2 * len(frame) and set(long.eta) == {1e-3, 1e-5}
     assert not list(out.parent.glob(".*"))  # atomic writes leave no temp files behind
+
+
+def test_cast_base_to_final_measures_from_the_runs_real_start(tmp_path):
+    """A bf16 run starts from bf16(base): its rounding is not an update, an update on top of it is."""
+    base = torch.tensor([1.0 + 2.0**-10, 3.14159, -2.71828, 0.1], dtype=torch.float32)
+    start = base.to(torch.bfloat16)
+    final = start.clone()
+    final[3] = final[3] * 1.5  # one real update
+    save_file({"w": base}, tmp_path / "base.safetensors")
+    save_file({"w": final}, tmp_path / "final.safetensors")
+    plain = sp.diff_checkpoints(tmp_path / "base.safetensors", tmp_path / "final.safetensors", [1e-5])
+    cast = sp.diff_checkpoints(
+        tmp_path / "base.safetensors", tmp_path / "final.safetensors", [1e-5], cast_base_to_final=True
+    )
+    assert int(plain["changed_eta_1e-05"].iloc[0]) == 4  # rounding counted as change
+    assert int(cast["changed_eta_1e-05"].iloc[0]) == 1
+    assert int(cast["equal_stored"].iloc[0]) == 3

@@ -49,6 +49,7 @@ from workflow_scripts.sparsity import (
     changed_masks,
     checkpoint_tensors,
     module_type,
+    narrower_float,
     pair_tensors,
     row_windows,
     spans_of,
@@ -116,10 +117,12 @@ def compute_overlap(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
     threads: int = 1,
+    cast_base_to_final: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(whole-model, per-module) overlap tables for the seeds in ``finals`` (seed -> final checkpoint).
 
-    ``threads`` worker threads split each window, as in ``sparsity.diff_checkpoints``.
+    ``threads`` worker threads split each window, and ``cast_base_to_final`` measures from the run's
+    real start point, as in ``sparsity.diff_checkpoints``.
     """
     plan = EtaPlan.make(etas)
     seeds = sorted(finals)
@@ -142,6 +145,8 @@ def compute_overlap(
             for start, stop in row_windows(pair.base.shape, window):
                 wa = base_reader.rows(pair.base, start, stop)
                 wfs = [r.rows(per_seed[s][t].final, start, stop) for s, r in enumerate(readers)]
+                if cast_base_to_final and all(narrower_float(wf.dtype, wa.dtype) for wf in wfs):
+                    wa = wa.to(wfs[0].dtype)
                 spans = spans_of(wa.numel(), len(workspaces), chunk_elems)
                 jobs = [
                     pool.submit(_overlap_span, wa[s:e], [wf[s:e] for wf in wfs], plan, ws, pairs)
@@ -237,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by-module-out", help="per-module table (default: <out stem>.by_module.parquet)")
     p.add_argument("--etas", type=float, nargs="+", default=list(DEFAULT_ETAS), help="relative tolerances")
     p.add_argument("--window-mb", type=int, default=DEFAULT_WINDOW_BYTES >> 20, help="total read window")
+    p.add_argument(
+        "--cast-base-to-final",
+        action="store_true",
+        help="compare against the base cast to a narrower final dtype (the run's real start point)",
+    )
     p.add_argument("--threads", type=int, default=1, help="worker threads (e.g. the rule's {threads})")
     return p
 
@@ -256,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         args.precision,
         window_bytes=args.window_mb << 20,
         threads=args.threads,
+        cast_base_to_final=args.cast_base_to_final,
     )
     write_parquet(args.out, whole)
     write_parquet(args.by_module_out or by_module_path(args.out), by_mod)

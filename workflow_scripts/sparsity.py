@@ -574,8 +574,13 @@ def diff_checkpoints(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
     threads: int = 1,
+    cast_base_to_final: bool = False,
 ) -> pd.DataFrame:
     """Per-tensor sparsity table (columns: see module docstring) of ``final`` against ``base``.
+
+    ``cast_base_to_final``: compare against the weights the run really started from. A bf16 arm
+    loads an fp32 base as bf16(base); without the cast the eta criterion would count that rounding
+    (up to ~2e-3 relative) as an update. Applies only where the final dtype is the narrower float.
 
     ``base``/``final``: a model folder (single or sharded safetensors), an index json or a file.
     ``threads`` worker threads split each window (numpy and torch release the GIL in the kernels);
@@ -593,6 +598,8 @@ def diff_checkpoints(
         for pair in pairs:
             total = TensorCounts(changed=[0] * len(plan.etas))
             for wa, wb in iter_windows(pair, ra, rb, window):
+                if cast_base_to_final and narrower_float(wb.dtype, wa.dtype):
+                    wa = wa.to(wb.dtype)
                 spans = spans_of(wa.numel(), len(workspaces), chunk_elems)
                 if len(spans) == 1:
                     total.add(diff_span(wa, wb, plan, workspaces[0]))
@@ -607,6 +614,10 @@ def diff_checkpoints(
     ra.close()
     rb.close()
     return _frame(rows, plan.etas)
+
+
+def narrower_float(final: torch.dtype, base: torch.dtype) -> bool:
+    return final.is_floating_point and base.is_floating_point and final.itemsize < base.itemsize
 
 
 def _row(pair: TensorPair, c: TensorCounts, plan: EtaPlan) -> dict:
@@ -717,6 +728,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="if given, added as a constant 'seed' column")
     p.add_argument("--window-mb", type=int, default=DEFAULT_WINDOW_BYTES >> 20, help="read window per side")
     p.add_argument("--threads", type=int, default=1, help="worker threads (e.g. the rule's {threads})")
+    p.add_argument(
+        "--cast-base-to-final",
+        action="store_true",
+        help="compare against the base cast to a narrower final dtype (the run's real start point)",
+    )
     return p
 
 
@@ -724,14 +740,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
     frame = diff_checkpoints(
-        args.base, args.final, args.etas, window_bytes=args.window_mb << 20, threads=args.threads
+        args.base,
+        args.final,
+        args.etas,
+        window_bytes=args.window_mb << 20,
+        threads=args.threads,
+        cast_base_to_final=args.cast_base_to_final,
     )
     if args.seed is not None:
         frame.insert(0, "seed", args.seed)
     if args.precision is not None:
         frame.insert(0, "precision", args.precision)
     summary = summarize(frame, args.etas)
-    summary.update({"base": str(args.base), "final": str(args.final)})
+    summary.update(
+        {"base": str(args.base), "final": str(args.final), "base_cast_to_final": args.cast_base_to_final}
+    )
     if args.precision is not None:
         summary["precision"] = args.precision
     if args.seed is not None:

@@ -8,10 +8,10 @@ off-task evaluation (H2) can see what training did outside its own distribution.
 |---------|--------------------------------------------------|-------------------------------|---------|
 | add_sub | ``47+12=``                                        | (on-task: operands 0-99)      | integer |
 | mul     | ``7*13=``                                         | operator not trained by RL    | integer |
-| chain   | ``12+7-5=``                                       | multi-step (three operands)   | integer |
-| long    | ``347+25=``                                       | longer (3-digit) operand      | integer |
+| chain   | ``3+7-5=``                                        | multi-step (three operands)   | integer |
+| long    | ``347+5=``                                        | longer (3-digit) operand      | integer |
 | mcq     | ``47+12? A:59 B:58 C:69 D:49 Ans:``               | multiple-choice format        | mcq     |
-| word    | ``Sam has 47 apples and buys 12 more. Total=``    | natural-language wording      | integer |
+| word    | ``Sam has 17 apples and buys 3 more. Total=``     | natural-language wording      | integer |
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _mul(rng: random.Random) -> Problem:
 
 
 def _chain(rng: random.Random) -> Problem:
-    a, b, c = (rng.randint(0, 30) for _ in range(3))
+    a, b, c = (rng.randint(0, 9) for _ in range(3))
     op1, op2 = rng.choice("+-"), rng.choice("+-")
     value = a + (b if op1 == "+" else -b)
     value = value + (c if op2 == "+" else -c)
@@ -49,7 +49,7 @@ def _chain(rng: random.Random) -> Problem:
 
 
 def _long(rng: random.Random) -> Problem:
-    return _plus_minus(rng, (100, 999), (0, 99))
+    return _plus_minus(rng, (100, 999), (0, 9))
 
 
 def _mcq(rng: random.Random) -> Problem:
@@ -69,7 +69,7 @@ _ITEMS = ("apples", "coins", "books", "cards")
 
 
 def _word(rng: random.Random) -> Problem:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    a, b = rng.randint(0, 20), rng.randint(0, 20)
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
     if rng.random() < 0.5:
         return f"{name} has {a} {item} and buys {b} more. Total=", str(a + b), {"op": "+"}
