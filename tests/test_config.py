@@ -100,9 +100,7 @@ def test_unreadable_config_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize(
-    "name", ["unknown nested key", "unknown task kind", "seed not an int", "missing local dataset"]
-)
+@pytest.mark.parametrize("name", sorted(MALFORMED))
 def test_snakemake_refuses_malformed_config_before_any_job(tmp_path, name):
     mutate, expected = MALFORMED[name]
     cfg = copy.deepcopy(load_test_config())
