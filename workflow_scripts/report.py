@@ -311,22 +311,17 @@ def data_warnings(metrics: pd.DataFrame) -> list[str]:
                     f"{what} in {len(bad)} run x task(s) (worst {worst['run']}/{worst['task']}: "
                     f"{worst[col]:.1%} of samples, scored wrong)"
                 )
-    if "truncated_frac" in metrics.columns:
-        bad = metrics[metrics["truncated_frac"].fillna(0) > TRUNCATION_WARN]
-        if len(bad):
-            tasks = sorted(set(bad["task"]))
-            warn.append(
-                f"over {TRUNCATION_WARN:.0%} of samples hit max_new_tokens in {len(bad)} run x task(s) "
-                f"(tasks {tasks}): raise the task's max_new_tokens"
-            )
-    if "no_answer_frac" in metrics.columns:
-        bad = metrics[metrics["no_answer_frac"].fillna(0) > NO_ANSWER_WARN]
-        if len(bad):
-            tasks = sorted(set(bad["task"]))
-            warn.append(
-                f"no answer could be extracted from over {NO_ANSWER_WARN:.0%} of samples in {len(bad)} run x "
-                f"task(s) (tasks {tasks}): check the prompt format and max_new_tokens"
-            )
+    sample_checks = (
+        ("truncated_frac", TRUNCATION_WARN, "over {:.0%} of samples hit max_new_tokens in {} run x task(s) "
+         "(tasks {}): raise the task's max_new_tokens"),
+        ("no_answer_frac", NO_ANSWER_WARN, "no answer could be extracted from over {:.0%} of samples in {} "
+         "run x task(s) (tasks {}): check the prompt format and max_new_tokens"),
+    )  # fmt: skip
+    for col, limit, message in sample_checks:
+        if col in metrics.columns:
+            bad = metrics[metrics[col].fillna(0) > limit]
+            if len(bad):
+                warn.append(message.format(limit, len(bad), sorted(set(bad["task"]))))
     base = metrics[metrics["run"] == "base"]
     lo, hi = BASE_J_BAND
     for task, j in zip(base["task"], base["J"], strict=True):
