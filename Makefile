@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel first: an unpinned resolve would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,slurm]'
+	$(BIN)/pip install -q -e '.[dev,slurm,tracking]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -34,7 +34,7 @@ dryrun: $(STAMP)
 	$(BIN)/snakemake -n
 
 dag: $(STAMP)
-	$(BIN)/snakemake --rulegraph | dot -Tpng > docs/rulegraph.png
+	$(BIN)/snakemake --rulegraph | dot -Tpng > rulegraph.png  # the README's command
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -1,12 +1,10 @@
 # rlvr-precision: does floating-point precision change what RL fine-tuning of an LLM does?
-# The DAG: prepare_data -> base_model -> train (precision x seed) -> evaluate/kl (run x task)
+# The DAG: prepare_eval (task) + prepare_train -> base_model -> train (precision x seed) -> evaluate (run x task)
 #          -> sparsity/overlap -> aggregate -> analysis. See README.md.
+# No `configfile:` here: rules/common.smk reads config.yaml, or the --configfile you give INSTEAD of it.
 from snakemake.utils import min_version
 
 min_version("9.0")
-
-
-configfile: "config.yaml"
 
 
 report: "report/workflow.rst"

@@ -3,7 +3,9 @@
 Simulates 2 precisions x 10 seeds x 8 tasks x 500 problems x 16 samples of 0/1 correctness (plus the base
 model), builds the tidy metrics table from the samples the way the aggregate step does (J per run x task,
 dJ paired by problem with its SE, eval noise from the per-problem counts), runs ``analyze`` with the
-default analysis config and prints the time and the peak memory. Target: under 60 s.
+schema's default ``analysis`` settings (the gate, the mixed model with its 2000-draw parametric bootstrap
+per comparison, 200 power simulations per power estimate, the classical tests per role and per task) and
+prints the time, the peak memory and the verdicts. Target: under 60 s.
 
     .venv/bin/python bench/bench_analysis.py [--seeds 10] [--tasks 8] [--problems 500] [--samples 16]
 """
@@ -20,13 +22,17 @@ import numpy as np
 import pandas as pd
 from scipy.special import expit, logit
 
-from workflow_scripts.stats import DEFAULTS, analyze, sampling_noise_var
+from workflow_scripts.stats import analyze, sampling_noise_var
 
 PRECISIONS = ("fp32", "bf16")
 ROLES = ("on_task", "off_task")
 # Planted truth: seed sd of the logit shift per (precision, role); bf16 off-task is 2x (variance 4x).
-SEED_SD = {("fp32", "on_task"): 0.10, ("bf16", "on_task"): 0.10,
-           ("fp32", "off_task"): 0.10, ("bf16", "off_task"): 0.20}
+SEED_SD = {
+    ("fp32", "on_task"): 0.10,
+    ("bf16", "on_task"): 0.10,
+    ("fp32", "off_task"): 0.10,
+    ("bf16", "off_task"): 0.20,
+}
 KL_SD = {"fp32": 0.01, "bf16": 0.03}
 
 
@@ -53,14 +59,37 @@ def simulate(n_seeds: int, n_tasks: int, n_problems: int, n_samples: int, seed: 
     return pd.DataFrame(rows)
 
 
-def _row(run: str, prec: str | None, seed: float, task: str, role: str, c: np.ndarray, c_base: np.ndarray,
-         n: int, kl: float, kl_se: float) -> dict:
+def _row(
+    run: str,
+    prec: str | None,
+    seed: float,
+    task: str,
+    role: str,
+    c: np.ndarray,
+    c_base: np.ndarray,
+    n: int,
+    kl: float,
+    kl_se: float,
+) -> dict:
     p, pb = c / n, c_base / n
     d = p - pb
-    return {"run": run, "precision": prec, "seed": seed, "task": task, "role": role,
-            "J": p.mean(), "J_se": p.std(ddof=1) / np.sqrt(p.size), "dJ": d.mean(),
-            "dJ_se": d.std(ddof=1) / np.sqrt(p.size), "n_problems": p.size, "n_samples": n,
-            "eval_noise_var": sampling_noise_var(c, n), "kl_k1": kl, "kl_k3": kl, "kl_k3_se": kl_se}
+    return {
+        "run": run,
+        "precision": prec,
+        "seed": seed,
+        "task": task,
+        "role": role,
+        "J": p.mean(),
+        "J_se": p.std(ddof=1) / np.sqrt(p.size),
+        "dJ": d.mean(),
+        "dJ_se": d.std(ddof=1) / np.sqrt(p.size),
+        "n_problems": p.size,
+        "n_samples": n,
+        "eval_noise_var": sampling_noise_var(c, n),
+        "kl_k1": kl,
+        "kl_k3": kl,
+        "kl_k3_se": kl_se,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,17 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     table = simulate(args.seeds, args.tasks, args.problems, args.samples)
     t1 = time.perf_counter()
-    cfg = {k: DEFAULTS[k] for k in ("alpha", "tost_margin", "bootstrap", "power_simulations", "seed")}
+    cfg: dict = {}  # the schema defaults
     out = analyze(table, cfg, precisions=PRECISIONS)
     t2 = time.perf_counter()
     json.dumps(out, allow_nan=False)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(f"table: {len(table)} rows from {2 * args.seeds * args.tasks * args.problems * args.samples:,} "
-          f"samples (+ base) in {t1 - t0:.2f} s")
+    print(
+        f"table: {len(table)} rows from {2 * args.seeds * args.tasks * args.problems * args.samples:,} "
+        f"samples (+ base) in {t1 - t0:.2f} s"
+    )
     print(f"analyze: {t2 - t1:.2f} s; total {t2 - t0:.2f} s; peak RSS {rss_mb:.0f} MiB")
     for h, v in out["verdicts"].items():
         print(f"{h}: {v['verdict']} - {v['reason']}")
-    print(f"mixed model: {out['mixed_model']['status']}; warnings: {len(out['warnings'])}")
+    print(f"gate: {out['gate']['reason']}; warnings: {len(out['warnings'])}")
     for w in out["warnings"]:
         print(f"  - {w}")
     return 0 if t2 - t0 < 60 else 1

@@ -18,14 +18,26 @@ over ``--repeats`` runs (shared machines are noisy).
 
 Usage: .venv/bin/python bench/bench_eval.py [--prompts 64] [--n 4] [--max-new-tokens 8] [--threads 1]
                                             [--repeats 3] [--model results/models/base]
+
+``--jobs OLD_CHECKOUT`` measures instead what issue 11 asks of the merged evaluate job: the evaluation +
+KL wall time of one run on every task of a config (default config.yaml: its eval and task settings, its
+model architecture), as Snakemake jobs spend it: one fresh process per job, timed from spawn to exit.
+Before: two processes per task (``python -m workflow_scripts.evaluate evaluate|kl`` of OLD_CHECKOUT, e.g.
+a worktree of a8ce4c0); after: one (this checkout). Jobs alternate old/new task by task, in one run, so
+both see the same machine load; the data come from prepare_data and the model is an untrained base of
+the config's architecture (every completion runs to max_new_tokens: the most work per job).
+Prints per-task seconds, the sums, after/before (target <= 0.5) and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", type=Path, default=REPO / "results" / "models" / "base")
+    parser.add_argument("--jobs", type=Path, metavar="OLD_CHECKOUT", help="time jobs: merged vs separate")
+    parser.add_argument("--config", type=Path, default=REPO / "config.yaml")
+    parser.add_argument("--run", default="base")
     args = parser.parse_args(argv)
+    if args.jobs:
+        return bench_jobs(args.jobs, args.config, args.run)
     torch.set_num_threads(args.threads)
     model, tok, what = load(args.model)
     rng = random.Random(0)
@@ -110,10 +127,71 @@ def main(argv: list[str] | None = None) -> int:
     ratio = score_s / sample_s
     tokens = sum(len(tok(p, add_special_tokens=False)["input_ids"]) * n for p in prompts)
     tokens += round(runs[0].mean_length * len(prompts) * n)
-    print(f"kl: sampling {sample_s:.3f}s, teacher-forcing both models {score_s:.3f}s "
-          f"({len(prompts) * n} sequences, {tokens} prompt+completion tokens; per model "
-          f"{2 * tokens / score_s:.0f} tokens/s teacher-forced vs {tokens / sample_s:.0f} tokens/s sampled)")
+    print(
+        f"kl: sampling {sample_s:.3f}s, teacher-forcing both models {score_s:.3f}s "
+        f"({len(prompts) * n} sequences, {tokens} prompt+completion tokens; per model "
+        f"{2 * tokens / score_s:.0f} tokens/s teacher-forced vs {tokens / sample_s:.0f} tokens/s sampled)"
+    )
     print(f"kl_scoring_ratio={ratio:.2f} (target <= 0.5)")
+    return 0
+
+
+def _timed_process(argv: list[str], root: Path, cwd: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "workflow_scripts.evaluate", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"{root}: evaluate {argv} failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def bench_jobs(old_root: Path, config_path: Path, run: str) -> int:
+    """Evaluation + KL seconds of one run on every task: separate jobs (old_root) vs merged (this repo)."""
+    import yaml
+
+    from workflow_scripts.config import load_config
+    from workflow_scripts.prepare_data import prepare
+
+    config = yaml.safe_load(config_path.read_text())
+    # The old checkout validates with its own schema: it reads its own config.yaml, which must evaluate
+    # the same way (eval settings, tasks, model) for the comparison to mean anything.
+    old_config = yaml.safe_load((old_root / "config.yaml").read_text())
+    for key in ("eval", "model"):
+        if old_config[key] != config[key]:
+            raise SystemExit(f"{key}: differs between {config_path} and {old_root}/config.yaml")
+    if old_config["data"]["tasks"] != config["data"]["tasks"]:
+        raise SystemExit(f"data.tasks: differs between {config_path} and {old_root}/config.yaml")
+    tasks = list(config["data"]["tasks"])
+    with tempfile.TemporaryDirectory(prefix="bench_eval_jobs_") as tmp:
+        work = Path(tmp)
+        (work / "config.yaml").write_text(config_path.read_text())
+        (work / "config.old.yaml").write_text((old_root / "config.yaml").read_text())
+        prepare(load_config(config_path)["data"], work / "results" / "data")  # validated: defaults filled
+        tok = build_char_tokenizer()
+        tiny = {**config["model"]["tiny"], "max_position_embeddings": 128}
+        build_tiny_llama(len(tok), tiny, tok).save_pretrained(
+            work / "results/models/base", safe_serialization=True
+        )
+        tok.save_pretrained(work / "results/models/base")
+        common = ["--run", run, "--results", "results", "--threads", "1"]
+        load_before = os.getloadavg()
+        print(f"{run} on {len(tasks)} tasks ({config_path.name}); load average {load_before[0]:.2f}")
+        print("| task | before: evaluate + kl job (s) | after: one job (s) |\n|---|---|---|")
+        before = after = 0.0
+        for task in tasks:
+            old_args = [*common, "--config", "config.old.yaml", "--task", task]
+            old_eval = _timed_process(["evaluate", *old_args], old_root, work)
+            old_kl = _timed_process(["kl", *old_args], old_root, work)
+            new = _timed_process([*common, "--config", "config.yaml", "--task", task], REPO, work)
+            before, after = before + old_eval + old_kl, after + new
+            print(f"| {task} | {old_eval:.1f} + {old_kl:.1f} | {new:.1f} |", flush=True)
+        load_after = os.getloadavg()
+    ratio = after / before
+    print(f"eval+KL wall time: before {before:.1f}s ({2 * len(tasks)} jobs), after {after:.1f}s "
+          f"({len(tasks)} jobs); after/before={ratio:.2f} (target <= 0.5); "
+          f"load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} CPUs")  # fmt: skip
     return 0
 
 

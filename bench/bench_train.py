@@ -1,6 +1,6 @@
 """Benchmark: the train stage's step time against a bare GRPOTrainer script with the same settings.
 
-Both run the same GRPOConfig (``train.grpo_config`` of the config's train section, ``--steps`` steps,
+Both run the same GRPOConfig (``grpo_config.grpo_config`` of the config's train section, ``--steps`` steps,
 same seed, same base model and prompts, one thread) in fresh subprocesses, alternating, ``--reps``
 times each; the fastest repetition of each is compared (the least disturbed by other load). The
 stage's time is ``trainer.train()`` inside ``train_run`` (per-step metrics lines, the autocast probe,
@@ -12,6 +12,12 @@ Base model: ``--base`` (default results/models/base when it exists), else a smal
 temporary folder (the config's tiny architecture, a short warm start).
 
     python bench/bench_train.py [--config config.yaml] [--steps 40] [--reps 2] [--precision fp32]
+
+``--profile``: one stage run instead, with wall-clock timers around the parts of a step, printed as
+seconds per optimizer step: generation (TRL's generate), old log-probs (no-grad forward), loss forward,
+backward, reward (the verifier reward function), the project's callbacks (metrics.jsonl lines, KL log,
+health guard) and the rest (optimizer, TRL/Trainer bookkeeping). The one-off set-up (models,
+representable-update fraction) is excluded.
 """
 
 from __future__ import annotations
@@ -31,10 +37,62 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def profile(spec: dict) -> dict:
+    """One stage run with timers around the parts of a step (see the module docstring)."""
+    import accelerate
+    import torch
+    from trl import GRPOTrainer
+
+    from workflow_scripts import metrics_log, train_health
+    from workflow_scripts.grpo_config import gate_vllm
+
+    gate_vllm(False)
+    timers: dict[str, float] = {}
+
+    def wrap(owner, name: str, label) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            key = label() if callable(label) else label
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timers[key] = timers.get(key, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    wrap(GRPOTrainer, "_generate_single_turn", "generation")
+    wrap(
+        GRPOTrainer,
+        "_get_per_token_logps_and_entropies",
+        lambda: "loss forward" if torch.is_grad_enabled() else "old log-probs",
+    )
+    wrap(GRPOTrainer, "_calculate_rewards", "reward")
+    wrap(accelerate.Accelerator, "backward", "backward")
+    wrap(metrics_log.MetricsLogger, "on_log", "project: metrics.jsonl line + KL log")
+    wrap(metrics_log.MetricsLogger, "measure_kl", "  of which the KL log")
+    wrap(train_health.NonFiniteGuard, "on_step_end", "project: health guard")
+    wrap(train_health.NonFiniteGuard, "on_log", "project: health guard")
+    from workflow_scripts.train import train_run
+
+    config = spec["config"]
+    config["train"] = dict(config["train"], max_steps=spec["steps"])
+    work = Path(spec["work"])
+    record = train_run(
+        config, spec["precision"], spec["seed"], spec["data"], spec["base"], work / "out", work / "ckpt"
+    )
+    steps = record["steps_this_session"]
+    parts = {k: v / steps for k, v in timers.items()}
+    counted = sum(v for k, v in parts.items() if not k.startswith(" "))
+    parts["rest (optimizer, TRL/Trainer bookkeeping)"] = record["train_wall_s"] / steps - counted
+    return {"s_per_step": record["train_wall_s"] / steps, "steps": steps, "parts": parts}
+
+
 def worker(kind: str, spec: dict) -> dict:
     import torch
 
-    from workflow_scripts.train import gate_vllm
+    from workflow_scripts.grpo_config import gate_vllm
 
     gate_vllm(False)
     config = spec["config"]
@@ -59,10 +117,11 @@ def worker(kind: str, spec: dict) -> dict:
     # the bare script: GRPOTrainer, same config and reward, nothing of ours around it
     from trl import GRPOTrainer
 
+    from workflow_scripts.grpo_config import grpo_config, reward_functions
     from workflow_scripts.modeling import load_model, load_tokenizer
     from workflow_scripts.precision import apply_determinism, mode_from_config
     from workflow_scripts.rows import read_rows
-    from workflow_scripts.train import _train_dataset, grpo_config, reward_functions
+    from workflow_scripts.train import _train_dataset
 
     torch.set_num_threads(1)
     mode = mode_from_config(config, spec["precision"])
@@ -99,6 +158,35 @@ def ensure_base(config: dict, base: str | None, data: str | None, tmp: Path) -> 
     return tmp / "data", tmp / "base"
 
 
+def print_profile(args, config: dict, data: Path, base: Path, tmp: Path) -> int:
+    spec = {
+        "config": config,
+        "precision": args.precision,
+        "seed": args.seed,
+        "steps": args.steps,
+        "data": str(data),
+        "base": str(base),
+        "work": str(tmp / "profile"),
+    }
+    spec_path = tmp / "profile.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", "profile", "--spec", str(spec_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+        raise SystemExit(f"profile worker failed (rc={proc.returncode})")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    print(f"{args.precision}, {result['steps']} steps: {result['s_per_step']:.4f} s/step")
+    for name, seconds in result["parts"].items():
+        print(f"  {name:45s} {seconds:.4f} s/step  ({100 * seconds / result['s_per_step']:.0f}%)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default=None)
     parser.add_argument("--data", default=None)
     parser.add_argument("--target", type=float, default=1.05)
-    parser.add_argument("--worker", choices=["stage", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--profile", action="store_true", help="time the parts of a step (one stage run)")
+    parser.add_argument("--worker", choices=["stage", "bare", "profile"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(
-            "RESULT " + json.dumps(worker(args.worker, json.loads(Path(args.spec).read_text()))), flush=True
-        )
+        spec = json.loads(Path(args.spec).read_text())
+        result = profile(spec) if args.worker == "profile" else worker(args.worker, spec)
+        print("RESULT " + json.dumps(result), flush=True)
         return 0
 
     from workflow_scripts.config import load_config
@@ -127,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmpdir)
         data, base = ensure_base(config, args.base, args.data, tmp)
         times: dict[str, list[float]] = {"bare": [], "stage": []}
+        if args.profile:
+            return print_profile(args, config, data, base, tmp)
         for rep in range(args.reps):
             for kind in ("bare", "stage") if rep % 2 == 0 else ("stage", "bare"):
                 work = tmp / f"{kind}{rep}"

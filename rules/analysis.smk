@@ -1,42 +1,38 @@
-# analysis: aggregate (tidy tables) -> analysis_stats (H1-H3) -> analysis_figures -> analysis_report.
-# Logic and tests in workflow_scripts/aggregate.py, stats.py, figures.py, report.py; the scripts/ adapters
-# only pass paths. Inputs are the upstream rules' declared outputs (rules.<rule>.output), nothing else.
-# params: aggregate gets the task roles and precision order only, so changing `analysis:` reruns the
-# statistics, figures and report but never the aggregation.
+# analysis: aggregate (tidy tables) -> analysis_stats (gate, mixed model, H1-H3) -> analysis_figures ->
+# analysis_report. Each rule's script: is its stage module (workflow_scripts/aggregate.py, stats.py,
+# figures.py, report.py: run / from_snakemake / main). Inputs are the upstream rules' declared outputs.
+# params: aggregate gets the task roles, precision order and each arm's base run only, so changing
+# `analysis:` reruns the statistics, figures and report but never the aggregation. The figures are the
+# entries of workflow_scripts/figure_list.py (one output and one caption file each).
 
-ANALYSIS = f"{RESULTS}/analysis"
+from workflow_scripts.figure_list import FIGURES, caption_file
+
+ANALYSIS = str(paths.analysis_dir())
 TASK_ROLES = {task: spec["role"] for task, spec in config["data"]["tasks"].items()}
-# figure name -> report category (names are the keys of workflow_scripts.figures.FIGURES)
-ANALYSIS_FIGURES = {
-    "dJ_by_task": "Performance",
-    "variance_ratios": "Variance tests",
-    "kl_by_task": "KL to base",
-    "sparsity_by_module": "Update sparsity",
-    "sparsity_vs_eta": "Update sparsity",
-    "training_curves": "Training",
-}
-
-
 FIGURE_OUTPUTS = {
-    name: report(f"{ANALYSIS}/figures/{name}.png", caption=f"../report/{name}.rst", category=category)
-    for name, category in ANALYSIS_FIGURES.items()
+    name: report(f"{ANALYSIS}/figures/{name}.png", caption=caption_file(name), category=category)
+    for name, category in FIGURES.items()
 }
 
 
 rule aggregate:
     input:
         evals=expand(rules.evaluate.output.summary, run=RUNS, task=TASKS),
-        kls=expand(rules.kl.output.kl, run=RUNS, task=TASKS),
+        kls=expand(rules.evaluate.output.kl, run=RUNS, task=TASKS),
         train_metrics=expand(rules.train.output.metrics, precision=PRECISIONS, seed=SEEDS),
         train_runs=expand(rules.train.output.run, precision=PRECISIONS, seed=SEEDS),
         sparsity=expand(rules.sparsity.output.summary, precision=PRECISIONS, seed=SEEDS),
+        overlap=expand(rules.overlap.output.table, precision=PRECISIONS),
     output:
         metrics=f"{ANALYSIS}/metrics.parquet",
         curves=f"{ANALYSIS}/training_curves.parquet",
         sparsity=f"{ANALYSIS}/sparsity.parquet",
+        overlap=f"{ANALYSIS}/overlap.parquet",
     params:
         roles=TASK_ROLES,
         precisions=PRECISIONS,
+        references={p: paths.reference_run(config, paths.run_name(p, 0)) for p in PRECISIONS},
+        code=code("aggregate"),
     log:
         "logs/aggregate/aggregate.log",
     benchmark:
@@ -47,7 +43,7 @@ rule aggregate:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/aggregate.py"
+        "../workflow_scripts/aggregate.py"
 
 
 rule analysis_stats:
@@ -58,6 +54,7 @@ rule analysis_stats:
     params:
         analysis=config["analysis"],
         precisions=PRECISIONS,
+        code=code("stats"),
     log:
         "logs/analysis_stats/analysis_stats.log",
     benchmark:
@@ -68,7 +65,7 @@ rule analysis_stats:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/analysis_stats.py"
+        "../workflow_scripts/stats.py"
 
 
 rule analysis_figures:
@@ -76,11 +73,13 @@ rule analysis_figures:
         metrics=rules.aggregate.output.metrics,
         curves=rules.aggregate.output.curves,
         sparsity=rules.aggregate.output.sparsity,
+        overlap=rules.aggregate.output.overlap,
         stats=rules.analysis_stats.output.stats,
     output:
         **FIGURE_OUTPUTS,
     params:
         precisions=PRECISIONS,
+        code=code("figures"),
     log:
         "logs/analysis_figures/analysis_figures.log",
     benchmark:
@@ -91,19 +90,21 @@ rule analysis_figures:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/analysis_figures.py"
+        "../workflow_scripts/figures.py"
 
 
 rule analysis_report:
     input:
         stats=rules.analysis_stats.output.stats,
         metrics=rules.aggregate.output.metrics,
+        overlap=rules.aggregate.output.overlap,
         figures=rules.analysis_figures.output,
     output:
         report=report(f"{ANALYSIS}/report.md", caption="../report/report.rst", category="Report"),
     params:
-        figures=list(ANALYSIS_FIGURES),
+        figures=list(FIGURES),
         precisions=PRECISIONS,
+        code=code("report"),
     log:
         "logs/analysis_report/analysis_report.log",
     benchmark:
@@ -114,4 +115,4 @@ rule analysis_report:
     resources:
         mem_mb=1000,
     script:
-        "../scripts/analysis_report.py"
+        "../workflow_scripts/report.py"

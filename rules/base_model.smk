@@ -1,13 +1,17 @@
+# base_model: the base model every arm starts from, saved in model.dtype (workflow_scripts/base_model.py).
+# It reads the warm-start pool and the on-task eval set (its greedy accuracy is recorded); params = the
+# model section + the on-task entry only, so adding an off-task task never rebuilds it.
 rule base_model:
     input:
-        sft=rules.prepare_data.output.sft,
-        evals=rules.prepare_data.output.evals,
+        sft=rules.prepare_train.output.sft,
+        on_task=str(paths.eval_data(ON_TASK)),
     output:
-        model=directory(f"{RESULTS}/models/base"),
-        record=f"{RESULTS}/models/base.json",
+        model=directory(str(paths.base_model_dir())),
+        record=str(paths.base_record()),
     params:
         model=config["model"],
-        tasks=config["data"]["tasks"],
+        data={"tasks": {ON_TASK: config["data"]["tasks"][ON_TASK]}},
+        code=code("base_model"),
     log:
         "logs/base_model/base_model.log",
     benchmark:
@@ -18,4 +22,4 @@ rule base_model:
     resources:
         mem_mb=4000,
     script:
-        "../scripts/base_model.py"
+        "../workflow_scripts/base_model.py"

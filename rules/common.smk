@@ -1,20 +1,34 @@
-# Everything that is not a rule: config validation, wildcard constraints, input functions.
-import sys
+# Everything that is not a rule: the config (which file, validation), run names, wildcard
+# constraints, code versions. Paths and run names come from workflow_scripts/paths.py, config rules
+# from workflow_scripts/config.py; nothing here re-implements them.
+import os
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from workflow_scripts.config import ConfigError, run_names, validate_config
+from workflow_scripts import paths
+from workflow_scripts.codehash import code_version
+from workflow_scripts.config import ConfigError, workflow_config
 
+# `--configfile X` means X alone: the Snakefile declares no `configfile:`, so config.yaml is read only
+# when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml).
 try:
-    validate_config(config, source=(workflow.configfiles or ["config"])[-1])
+    _validated, CONFIG_SOURCE = workflow_config(config, list(workflow.overwrite_configfiles))
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
+config.clear()
+config.update(_validated)
 
-RESULTS = "results"
+# Inherited by every job (jobs copy this process's environment; Snakemake itself sets
+# OMP_NUM_THREADS & co to the rule's threads): idle OpenMP workers sleep instead of spinning.
+for _name, _value in {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_name, _value)
+
+RESULTS = paths.RESULTS
 TASKS = list(config["data"]["tasks"])
 PRECISIONS = list(config["precisions"])
 SEEDS = list(config["seeds"])
-RUNS = run_names(config)
+RUNS = paths.run_names(config)
 
 
 wildcard_constraints:
@@ -24,43 +38,72 @@ wildcard_constraints:
     run="|".join(RUNS),
 
 
-def data_outputs():
-    return {
-        "train": f"{RESULTS}/data/train.jsonl",
-        "sft": f"{RESULTS}/data/sft.jsonl",
-        "summary": f"{RESULTS}/data/prepare.json",
-        "evals": expand(f"{RESULTS}/data/eval/{{task}}.jsonl", task=TASKS),
-    }
+# The code each stage runs (its module and the package modules it imports): a rule passes
+# `code=code(<stage>)` in params, so editing that code reruns the rule and what depends on it.
+# A cosmetic edit (comments, docstrings, formatting) changes no hash; see README "Reruns".
+CODE_ROOT = Path(workflow.basedir) / "workflow_scripts"
+
+
+def code(stage):
+    return code_version(stage, CODE_ROOT)
+
+
+# ------------------------------------------------------------------ data (rules/prepare_data.smk)
+
+SYNTHETIC_SOURCES = ("train_val", "synthetic")
+REAL_TASKS = [t for t, spec in config["data"]["tasks"].items() if spec["source"] not in SYNTHETIC_SOURCES]
+ON_TASK = next(t for t, spec in config["data"]["tasks"].items() if spec["role"] == "on_task")
+
+
+def prepare_eval_data(wildcards):
+    """What one task's eval set depends on: its entry, data.seed, data.train for a train_val split."""
+    data = config["data"]
+    task = data["tasks"][wildcards.task]
+    sub = {"seed": data["seed"], "tasks": {wildcards.task: task}}
+    if task["source"] == "train_val":
+        sub["train"] = data["train"]
+    if wildcards.task in REAL_TASKS:
+        sub["on_bad_row"] = data["on_bad_row"]
+    return sub
+
+
+def prepare_train_data():
+    """The data section minus the synthetic tasks (which never collide with training data)."""
+    data = config["data"]
+    return {**data, "tasks": {t: data["tasks"][t] for t in REAL_TASKS}}
 
 
 def all_targets():
-    targets = [f"{RESULTS}/models/base.json"]
-    targets += expand(f"{RESULTS}/train/{{precision}}/seed{{seed}}/run.json", precision=PRECISIONS, seed=SEEDS)
-    targets += expand(f"{RESULTS}/eval/{{run}}/{{task}}.json", run=RUNS, task=TASKS)
-    targets += expand(f"{RESULTS}/eval/{{run}}/{{task}}.kl.json", run=RUNS, task=TASKS)
-    targets += expand(f"{RESULTS}/sparsity/{{precision}}/seed{{seed}}.parquet", precision=PRECISIONS, seed=SEEDS)
-    targets += expand(f"{RESULTS}/sparsity/{{precision}}/overlap.parquet", precision=PRECISIONS)
-    targets += [f"{RESULTS}/analysis/stats.json", f"{RESULTS}/analysis/report.md"]
+    targets = [str(paths.base_record())]
+    targets += [str(paths.train_dir(p, s) / "run.json") for p in PRECISIONS for s in SEEDS]
+    targets += [str(paths.eval_summary(r, t)) for r in RUNS for t in TASKS]
+    targets += [str(paths.kl_summary(r, t)) for r in RUNS for t in TASKS]
+    targets += [str(paths.sparsity_table(p, s)) for p in PRECISIONS for s in SEEDS]
+    targets += [str(paths.overlap_table(p)) for p in PRECISIONS]
+    targets += [str(paths.analysis_dir() / "stats.json"), str(paths.analysis_dir() / "report.md")]
     return targets
 
 
-# ------------------------------------------------------------------ evaluate / kl (rules/evaluate.smk)
-
-
-def get_model_dir(wildcards):
-    """The model folder of run wildcards.run (the same mapping as evaluate.run_model_dir)."""
-    from workflow_scripts.config import parse_run
-
-    parsed = parse_run(wildcards.run)
-    if parsed is None:
-        return f"{RESULTS}/models/base"
-    precision, seed = parsed
-    return f"{RESULTS}/train/{precision}/seed{seed}/model"
+# ------------------------------------------------------------ evaluate (rules/evaluate.smk, H-fast's)
 
 
 def evaluate_inputs(wildcards):
-    """Model, eval data and (for a non-base run) the base samples of the same task, for paired dJ."""
-    inputs = {"model": get_model_dir(wildcards), "data": f"{RESULTS}/data/eval/{wildcards.task}.jsonl"}
-    if wildcards.run != "base":
-        inputs["base_samples"] = f"{RESULTS}/eval/base/{wildcards.task}.samples.parquet"
+    """Model, base model, eval data and (for a trained run) its reference base run's samples of the task."""
+    inputs = {
+        "model": str(paths.model_dir(wildcards.run)),
+        "base": str(paths.base_model_dir()),
+        "data": str(paths.eval_data(wildcards.task)),
+    }
+    reference = paths.reference_run(config, wildcards.run)
+    if reference != wildcards.run:
+        inputs["base_samples"] = str(paths.eval_samples(reference, wildcards.task))
     return inputs
+
+
+def evaluate_reference(wildcards):
+    """{reference_run, policy_dtype, reference_dtype} of the run."""
+    return paths.reference_spec(config, wildcards.run)
+
+
+def evaluate_task(wildcards):
+    return config["data"]["tasks"][wildcards.task]

@@ -1,29 +1,31 @@
-# evaluate / kl: one job per run x task; logic and tests in workflow_scripts/evaluate.py (estimators:
-# passk.py, kl.py). run = base (results/models/base) or {precision}-s{seed} (the train stage's model folder),
-# loaded in the dtype it was saved in. A non-base evaluate also reads the base run's samples of the same
-# task (paired dJ). params = the eval keys each rule uses + the task entry, so changing an analysis or
-# train setting never reruns evaluation, and eval.kl_* settings rerun only the kl rule.
+# evaluate: one job per (run, task) writes the samples, the pass@1 summary and the KL to the run's
+# reference base (workflow_scripts/evaluate.py), loading the policy and the base once. run = base,
+# base-<dtype> (the base cast to an arm's param dtype) or <precision>-s<seed> (paths.py). A trained run
+# is paired (dJ) with the samples of its reference base run and its KL is measured against the base in
+# its arm's param dtype (evaluate_reference). params = the eval section + this task's entry + the
+# reference, so changing an analysis or train setting never reruns evaluation, and adding a task adds
+# only that task's jobs.
 
-# Input functions (get_model_dir, evaluate_inputs) live in common.smk.
-
-# GPU hook: GPU slots one evaluate/kl job asks for (0 on CPU configs); a GPU profile/colleague sets this.
+# GPU hook: GPU slots one evaluate job asks for (0 on CPU configs); a GPU profile sets this.
 EVAL_GPUS = 0
-EVAL_PARAMS = {k: v for k, v in config["eval"].items() if k not in ("kl_prompts", "kl_samples")}
-KL_PARAMS = {k: v for k, v in config["eval"].items() if k not in ("n_samples", "temperature", "top_p",
-                                                                    "verify_timeout", "code_timeout",
-                                                                    "backend")}
+
+
+# Input functions (evaluate_inputs, evaluate_reference, evaluate_task) live in common.smk (snakemake --lint).
 
 
 rule evaluate:
     input:
         unpack(evaluate_inputs),
     output:
-        samples=f"{RESULTS}/eval/{{run}}/{{task}}.samples.parquet",
-        summary=f"{RESULTS}/eval/{{run}}/{{task}}.json",
+        samples=str(paths.eval_samples("{run}", "{task}")),
+        summary=str(paths.eval_summary("{run}", "{task}")),
+        kl=str(paths.kl_summary("{run}", "{task}")),
     params:
-        eval=EVAL_PARAMS,
-        task=lambda wc: config["data"]["tasks"][wc.task],
+        eval=config["eval"],
+        task=evaluate_task,
+        reference=evaluate_reference,
         trust_remote_code=config["model"]["trust_remote_code"],
+        code=code("evaluate"),
     log:
         "logs/evaluate/{run}/{task}.log",
     benchmark:
@@ -35,29 +37,4 @@ rule evaluate:
         mem_mb=4000,
         gpu=EVAL_GPUS,
     script:
-        "../scripts/evaluate.py"
-
-
-rule kl:
-    input:
-        model=get_model_dir,
-        base=f"{RESULTS}/models/base",
-        data=f"{RESULTS}/data/eval/{{task}}.jsonl",
-    output:
-        kl=f"{RESULTS}/eval/{{run}}/{{task}}.kl.json",
-    params:
-        eval=KL_PARAMS,
-        task=lambda wc: config["data"]["tasks"][wc.task],
-        trust_remote_code=config["model"]["trust_remote_code"],
-    log:
-        "logs/kl/{run}/{task}.log",
-    benchmark:
-        "benchmarks/kl/{run}/{task}.tsv"
-    conda:
-        "../envs/train.yaml"
-    threads: 1
-    resources:
-        mem_mb=4000,
-        gpu=EVAL_GPUS,
-    script:
-        "../scripts/kl.py"
+        "../workflow_scripts/evaluate.py"

@@ -1,14 +1,42 @@
-rule prepare_data:
+# prepare_train / prepare_eval: the data sets of config `data:` (workflow_scripts/prepare_data.py).
+# One prepare_eval job per task, params = that task's entry (+ data.seed, + data.train for train_val), so
+# adding or changing a task reruns only its own data and evaluation. prepare_train writes the training
+# prompts and the warm-start pool, deduplicated against the REAL (hub/local) eval sets only: synthetic
+# eval sets are held out by construction (synthetic.on_side). Adding a real-data task therefore may
+# rerun training: contamination is a real dependency.
+rule prepare_eval:
     output:
-        **data_outputs(),
+        eval=str(paths.eval_data("{task}")),
     params:
-        data=config["data"],
+        data=prepare_eval_data,
+        code=code("prepare_data"),
     log:
-        "logs/prepare_data/prepare_data.log",
+        "logs/prepare_eval/{task}.log",
     benchmark:
-        "benchmarks/prepare_data/prepare_data.tsv"
+        "benchmarks/prepare_eval/{task}.tsv"
     conda:
         "../envs/core.yaml"
     threads: 1
     script:
-        "../scripts/prepare_data.py"
+        "../workflow_scripts/prepare_data.py"
+
+
+rule prepare_train:
+    input:
+        real_evals=[str(paths.eval_data(task)) for task in REAL_TASKS],
+    output:
+        train=str(paths.data_dir() / "train.jsonl"),
+        sft=str(paths.data_dir() / "sft.jsonl"),
+        summary=str(paths.data_dir() / "prepare.json"),
+    params:
+        data=prepare_train_data(),
+        code=code("prepare_data"),
+    log:
+        "logs/prepare_train/prepare_train.log",
+    benchmark:
+        "benchmarks/prepare_train/prepare_train.tsv"
+    conda:
+        "../envs/core.yaml"
+    threads: 1
+    script:
+        "../workflow_scripts/prepare_data.py"

@@ -1,12 +1,16 @@
+# sparsity: which weights did training move, per run (workflow_scripts/sparsity.py); overlap: do the seeds
+# of one arm move the same weights (workflow_scripts/overlap.py). Both compare with the base cast to the
+# run's saved dtype (the run's real start point).
 rule sparsity:
     input:
         base=rules.base_model.output.model,
-        final=f"{RESULTS}/train/{{precision}}/seed{{seed}}/model",
+        final=rules.train.output.model,
     output:
-        table=f"{RESULTS}/sparsity/{{precision}}/seed{{seed}}.parquet",
-        summary=f"{RESULTS}/sparsity/{{precision}}/seed{{seed}}.summary.json",
+        table=str(paths.sparsity_table("{precision}", "{seed}")),
+        summary=str(paths.sparsity_summary("{precision}", "{seed}")),
     params:
         etas=config["sparsity"]["etas"],
+        code=code("sparsity"),
     log:
         "logs/sparsity/{precision}/seed{seed}.log",
     benchmark:
@@ -17,19 +21,20 @@ rule sparsity:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/sparsity.py"
+        "../workflow_scripts/sparsity.py"
 
 
 rule overlap:
     input:
         base=rules.base_model.output.model,
-        finals=expand(f"{RESULTS}/train/{{{{precision}}}}/seed{{seed}}/model", seed=SEEDS),
+        finals=lambda wc: [str(paths.train_dir(wc.precision, s) / "model") for s in SEEDS],
     output:
-        table=f"{RESULTS}/sparsity/{{precision}}/overlap.parquet",
-        by_module=f"{RESULTS}/sparsity/{{precision}}/overlap.by_module.parquet",
+        table=str(paths.overlap_table("{precision}")),
+        by_module=str(paths.overlap_by_module("{precision}")),
     params:
         etas=config["sparsity"]["etas"],
         seeds=SEEDS,
+        code=code("overlap"),
     log:
         "logs/overlap/{precision}.log",
     benchmark:
@@ -40,4 +45,4 @@ rule overlap:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/overlap.py"
+        "../workflow_scripts/overlap.py"

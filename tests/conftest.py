@@ -13,7 +13,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_CONFIG = REPO / "tests" / "config.test.yaml"
-WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "envs", "report", "profiles", "data")
+WORKFLOW_FILES = ("Snakefile", "rules", "workflow_scripts", "envs", "report", "profiles", "data")
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,7 +1,8 @@
 """Tests of workflow_scripts.aggregate on synthetic upstream files shaped like the real stage outputs.
 
-``write_fake_results`` writes eval/kl summaries, training metrics + run.json and sparsity summaries with
-the keys the evaluate, kl, train and sparsity stages write; tests/test_figures_report.py reuses it.
+``write_fake_results`` writes eval/kl summaries (a base per arm dtype: ``base``, ``base-bfloat16``),
+training metrics + run.json (with or without the health and representable-update records), sparsity
+summaries and overlap tables with the keys those stages write; tests/test_figures_report.py reuses it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def _eta_label(eta: float) -> str:
     return np.format_float_scientific(eta, trim="-", exp_digits=2)
 
 
-def _sparsity_agg(rng: np.random.Generator, numel: int, bf16: bool) -> dict:
-    changed = sorted(rng.uniform(0.1, 0.3 if bf16 else 1.0, len(ETAS)))
+def _sparsity_agg(rng: np.random.Generator, numel: int, bf16: bool, flat: bool = False) -> dict:
+    changed = [0.0] * len(ETAS) if flat else sorted(rng.uniform(0.1, 0.3 if bf16 else 1.0, len(ETAS)))
     equal_bf16 = 0.8 if bf16 else rng.uniform(0.0, 0.2)
     return {
         "n_tensors": 3,
@@ -51,17 +52,30 @@ def write_fake_results(
     kl: bool = True,
     steps: int = 20,
     seed: int = 0,
+    health: bool = True,
+    diverged: tuple[str, ...] = (),
+    flat: bool = False,
 ) -> dict:
-    """A results/ tree for aggregate: returns {'evals', 'kls', 'train', 'sparsity'} path lists."""
+    """A results/ tree for aggregate: {'evals', 'kls', 'train', 'sparsity', 'overlap'} path lists.
+
+    ``flat``: what a few-step run of a tiny model gives: pass@1 0 everywhere (so dJ 0 and no eval noise),
+    KL 0, no weight changed, constant training statistics."""
     tasks = tasks or TASKS
     rng = np.random.default_rng(seed)
-    paths: dict[str, list] = {"evals": [], "kls": [], "train": [], "sparsity": []}
-    runs = ["base"] + [f"{p}-s{s}" for p in precisions for s in seeds]
-    base_j = {t: 0.3 + 0.1 * i for i, t in enumerate(tasks)}
+    paths: dict[str, list] = {"evals": [], "kls": [], "train": [], "sparsity": [], "overlap": []}
+    ref_of = {p: "base-bfloat16" if "bf16" in p else "base" for p in precisions}
+    bases = sorted(set(ref_of.values()))
+    runs = bases + [f"{p}-s{s}" for p in precisions for s in seeds]
+    base_j = {
+        b: {t: 0.0 if flat else 0.3 + 0.1 * i + (0.01 if b != "base" else 0.0) for i, t in enumerate(tasks)}
+        for b in bases
+    }
     for run in runs:
+        ref = run if run in bases else ref_of[run.rsplit("-s", 1)[0]]
         for task, role in tasks.items():
             n_problems, n = 30, 4
-            j = base_j[task] if run == "base" else float(np.clip(base_j[task] + rng.normal(0.03, 0.03), 0, 1))
+            j0 = base_j[ref][task]
+            j = j0 if run in bases or flat else float(np.clip(j0 + rng.normal(0.03, 0.03), 0, 1))
             counts = [int(c) for c in rng.binomial(n, j, n_problems)]
             summary = {
                 "run": run,
@@ -69,6 +83,7 @@ def write_fake_results(
                 "kind": "integer",
                 "role": role,
                 "dtype": "bfloat16" if "bf16" in run else "float32",
+                **({} if run in bases else {"reference_run": ref}),
                 "N": n_problems,
                 "n": n,
                 "pass_at_1": j,
@@ -87,17 +102,17 @@ def write_fake_results(
                 "mean_length": 3.5,
                 "problem_ids": [f"p{i}" for i in range(n_problems)],
                 "correct_counts": counts,
-                "dJ": None if run == "base" else j - base_j[task],
-                "dJ_se": None if run == "base" else 0.02,
-                "base_pass_at_1": None if run == "base" else base_j[task],
-                "paired_N": None if run == "base" else n_problems,
+                "dJ": None if run in bases else j - j0,
+                "dJ_se": None if run in bases else 0.02,
+                "base_pass_at_1": None if run in bases else j0,
+                "paired_N": None if run in bases else n_problems,
             }
             path = root / "eval" / run / f"{task}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(summary))
             paths["evals"].append(path)
             if kl:
-                k3 = 0.0 if run == "base" else abs(rng.normal(0.02, 0.01))
+                k3 = 0.0 if run in bases or flat else abs(rng.normal(0.02, 0.01))
                 kl_summary = {
                     "run": run,
                     "task": task,
@@ -126,16 +141,16 @@ def write_fake_results(
                     {
                         "step": step,
                         "generation_step": fresh,
-                        "reward": 0.2 + 0.01 * step,
-                        "reward_std": 0.1,
-                        "accuracy": 0.2 + 0.01 * step,
+                        "reward": 0.0 if flat else 0.2 + 0.01 * step,
+                        "reward_std": 0.0 if flat else 0.1,
+                        "accuracy": 0.0 if flat else 0.2 + 0.01 * step,
                         "overlong_reward": None,
-                        "informative_frac": 0.5,
+                        "informative_frac": 0.0 if flat else 0.5,
                         "completion_length": 3.0,
                         "truncation_rate": 0.0,
                         "clip_low": 0.001,
                         "clip_high": 0.002,
-                        "clip_region": 0.003 + rng.normal(0, 1e-4),
+                        "clip_region": 0.0 if flat else 0.003 + rng.normal(0, 1e-4),
                         "entropy": 2.0 - 0.01 * step,
                         "grad_norm": 1.0,
                         "learning_rate": 3e-5,
@@ -150,19 +165,27 @@ def write_fake_results(
                     }
                 )
             (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-            (out / "run.json").write_text(
-                json.dumps({"precision": p, "seed": s, "steps": steps, "train_wall_s": 0.1 * steps + 1})
-            )
+            record = {"precision": p, "seed": s, "steps": steps, "train_wall_s": 0.1 * steps + 1}
+            if health:
+                bad = f"{p}-s{s}" in diverged
+                record["health"] = {"diverged": bad, "reasons": ["entropy collapsed"] if bad else []}
+                record["representable_update"] = {
+                    "lr": 3e-5,
+                    "param_dtype": "bfloat16" if p == "bf16" else "float32",
+                    "whole_model": 0.25 if p == "bf16" else 1.0,
+                    "by_module_type": {m: (0.2 if p == "bf16" else 1.0) for m in MODULES},
+                }
+            (out / "run.json").write_text(json.dumps(record))
             paths["train"].append((out / "metrics.jsonl", out / "run.json"))
             numel = 3000
             summary = {
                 "etas": list(ETAS),
                 "eta_labels": [_eta_label(e) for e in ETAS],
-                "model": _sparsity_agg(rng, numel, p == "bf16"),
-                "by_module": {m: _sparsity_agg(rng, 1000, p == "bf16") for m in MODULES},
+                "model": _sparsity_agg(rng, numel, p == "bf16", flat),
+                "by_module": {m: _sparsity_agg(rng, 1000, p == "bf16", flat) for m in MODULES},
                 "by_layer": {
-                    "-1": _sparsity_agg(rng, 1000, p == "bf16"),
-                    "0": _sparsity_agg(rng, 2000, p == "bf16"),
+                    "-1": _sparsity_agg(rng, 1000, p == "bf16", flat),
+                    "0": _sparsity_agg(rng, 2000, p == "bf16", flat),
                 },
                 "precision": p,
                 "seed": s,
@@ -171,12 +194,45 @@ def write_fake_results(
             sp.parent.mkdir(parents=True, exist_ok=True)
             sp.write_text(json.dumps(summary))
             paths["sparsity"].append(sp)
+        rows = [
+            {
+                "precision": p,
+                "seed_a": a,
+                "seed_b": b,
+                "eta": e,
+                "numel": 3000,
+                "intersection": 100,
+                "union": 900,
+                "jaccard": 0.11 + (0.2 if p == "bf16" else 0.0),
+                "density_a": 0.2,
+                "density_b": 0.2,
+                "jaccard_chance": 0.11,
+                "ratio": 1.0 + (1.8 if p == "bf16" else 0.0),
+            }
+            for a in seeds
+            for b in seeds
+            if a < b
+            for e in ETAS
+        ]
+        if flat:  # no weight changed: empty union, so Jaccard and its ratio are undefined (overlap.py: NaN)
+            nan = float("nan")
+            zero = {"intersection": 0, "union": 0, "jaccard": nan, "density_a": 0.0, "density_b": 0.0}
+            rows = [{**r, **zero, "jaccard_chance": nan, "ratio": nan} for r in rows]
+        ov = root / "sparsity" / p / "overlap.parquet"
+        pd.DataFrame(rows).to_parquet(ov)
+        paths["overlap"].append(ov)
     return paths
 
 
 def run_aggregate(paths: dict, roles: dict | None = None, precisions=("fp32", "bf16")):
     return aggregate.aggregate(
-        paths["evals"], paths["kls"], paths["train"], paths["sparsity"], roles or TASKS, precisions
+        paths["evals"],
+        paths["kls"],
+        paths["train"],
+        paths["sparsity"],
+        roles or TASKS,
+        precisions,
+        paths.get("overlap", ()),
     )
 
 
@@ -194,15 +250,15 @@ def tables(fake):
 
 
 def test_one_row_per_run_and_task_with_the_documented_columns(tables):
-    metrics, _, _, warnings = tables
-    assert len(metrics) == 7 * 3
+    metrics, _, _, warnings, _ = tables
+    assert len(metrics) == 8 * 3
     assert not metrics.duplicated(["run", "task"]).any()
     changed = [f"changed_frac_eta_{_eta_label(e)}" for e in ETAS]
     assert list(metrics.columns) == aggregate.METRIC_COLUMNS + changed
     assert warnings == []
     # ordering: base first, then the reference arm, seeds ascending, tasks in config order
     assert metrics["run"].iloc[0] == "base"
-    assert list(metrics["run"].drop_duplicates()) == ["base"] + [
+    assert list(metrics["run"].drop_duplicates()) == ["base", "base-bfloat16"] + [
         f"{p}-s{s}" for p in ("fp32", "bf16") for s in (1, 2, 3)
     ]
     assert list(metrics["task"].iloc[:3]) == list(TASKS)
@@ -229,8 +285,8 @@ def test_values_come_from_the_right_files(fake, tables):
 
 def test_base_row_is_kept_with_null_identity_and_zero_dJ(tables):
     metrics = tables[0]
-    base = metrics[metrics["run"] == "base"]
-    assert len(base) == 3
+    base = metrics[metrics["run"].isin(["base", "base-bfloat16"])]
+    assert len(base) == 6
     assert base["precision"].isna().all() and base["seed"].isna().all()
     assert (base["dJ"] == 0).all()
     assert (base["J"] == base["base_J"]).all()
@@ -248,6 +304,8 @@ def test_training_summaries_use_generation_steps_and_windows():
             "informative_frac": 0.5,
             "entropy": 1.0,
             "kl_k3": 0.5 if i == 20 else None,
+            "kl_k1": 0.6 if i == 20 else None,
+            "reward_std": 0.1,
         }
         for i in range(1, 21)
     ]
@@ -275,8 +333,8 @@ def test_sparsity_table_has_every_scope_and_eta(tables):
     sp = tables[2]
     assert list(sp.columns) == aggregate.SPARSITY_TABLE_COLUMNS
     one = sp[sp["run"] == "fp32-s1"]
-    assert set(one["scope"]) == {"model", "module", "layer"}
-    assert len(one) == (1 + len(MODULES) + 2) * len(ETAS)
+    assert set(one["scope"]) == {"model", "module", "layer", "representable"}
+    assert len(one) == (1 + len(MODULES) + 2) * len(ETAS) + len(MODULES)
     assert sorted(one.loc[one["scope"] == "module", "group"].unique()) == sorted(MODULES)
 
 
@@ -284,7 +342,7 @@ def test_stats_analyze_accepts_the_table(tables):
     metrics = tables[0]
     out = stats.analyze(
         metrics,
-        {"bootstrap": 100, "power_simulations": 10, "max_seeds": 8, "mixed_model": False},
+        {"bootstrap": 100, "power_simulations": 10, "max_seeds": 8},
         precisions=["fp32", "bf16"],
     )
     assert out["n"]["rows"] == 6 * 3  # base rows ignored
@@ -312,7 +370,7 @@ def test_missing_kl_and_null_fields_become_nan_with_a_warning(tmp_path):
     d.update(pass_at_1_se=None, dJ_se=None, eval_noise_var=None)
     target.write_text(json.dumps(d))
     paths["sparsity"] = paths["sparsity"][:-1]  # bf16-s2 has no sparsity summary
-    metrics, _, _, warnings = run_aggregate(paths)
+    metrics, _, _, warnings, _ = run_aggregate(paths)
     row = metrics.set_index(["run", "task"]).loc[("fp32-s2", "mcq")]
     assert math.isnan(row["J_se"]) and math.isnan(row["dJ_se"]) and math.isnan(row["eval_noise_var"])
     assert metrics.loc[metrics["run"] == "bf16-s1", "kl_k3"].isna().all()
@@ -350,7 +408,7 @@ def test_malformed_metrics_line_names_file_and_line(tmp_path):
     lines = metrics_path.read_text().splitlines()
     lines[2] = lines[2][:-5]
     metrics_path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(AggregateError, match=re.escape(str(metrics_path)) + r":3: not valid JSON"):
+    with pytest.raises(AggregateError, match=re.escape(str(metrics_path)) + r":3: not a JSON line"):
         run_aggregate(paths)
 
 
@@ -363,14 +421,14 @@ def test_duplicate_run_task_and_bad_run_name_raise(tmp_path):
     d = json.loads(copy.read_text())
     d["run"] = "weird"
     copy.write_text(json.dumps(d))
-    with pytest.raises(AggregateError, match=re.escape(str(copy)) + r": run name 'weird'"):
+    with pytest.raises(AggregateError, match=re.escape(str(copy)) + r": not a run name: 'weird'"):
         aggregate.aggregate([copy], [], [], [], TASKS)
 
 
 # ----------------------------------------------------------------------------- CLI
 
 
-def test_cli_writes_the_three_tables(fake, tmp_path):
+def test_cli_writes_the_four_tables(fake, tmp_path):
     out = tmp_path / "analysis"
     argv = [
         "--eval",
@@ -383,6 +441,8 @@ def test_cli_writes_the_three_tables(fake, tmp_path):
         *(str(r) for _, r in fake["train"]),
         "--sparsity",
         *map(str, fake["sparsity"]),
+        "--overlap",
+        *map(str, fake["overlap"]),
         "--roles",
         *(f"{t}={r}" for t, r in TASKS.items()),
         "--precisions",
@@ -394,10 +454,13 @@ def test_cli_writes_the_three_tables(fake, tmp_path):
         str(out / "curves.parquet"),
         "--sparsity-out",
         str(out / "sparsity.parquet"),
+        "--overlap-out",
+        str(out / "overlap.parquet"),
     ]
     assert aggregate.main(argv) == 0
     metrics = pd.read_parquet(out / "metrics.parquet")
-    assert len(metrics) == 21 and str(metrics["seed"].dtype) == "Int64"
+    assert len(metrics) == 24 and str(metrics["seed"].dtype) == "Int64"
+    assert len(pd.read_parquet(out / "overlap.parquet")) == 2 * 3 * len(ETAS)
     assert metrics.loc[metrics["run"] == "base", "precision"].isna().all()
     assert len(pd.read_parquet(out / "curves.parquet")) == 120
     assert len(pd.read_parquet(out / "sparsity.parquet")) > 0
@@ -405,3 +468,63 @@ def test_cli_writes_the_three_tables(fake, tmp_path):
         aggregate.main(
             [*argv[:2], "--roles", "add_sub", "--out", "x", "--curves", "y", "--sparsity-out", "z"]
         )
+
+
+# ----------------------------------------------------------------------------- per-arm base, health, overlap
+
+
+def test_each_run_is_paired_with_the_base_of_its_arms_dtype(tables):
+    metrics = tables[0].set_index(["run", "task"])
+    assert metrics.loc[("bf16-s1", "mul"), "reference_run"] == "base-bfloat16"
+    assert metrics.loc[("fp32-s1", "mul"), "reference_run"] == "base"
+    assert metrics.loc[("bf16-s1", "mul"), "base_J"] == pytest.approx(
+        metrics.loc[("base-bfloat16", "mul"), "J"]
+    )
+    assert metrics.loc[("base-bfloat16", "mul"), "reference_run"] == "base-bfloat16"
+
+
+def test_health_and_representable_update_are_carried_per_run(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1, 2), diverged=("bf16-s2",))
+    metrics, _, sparsity, warnings, _ = run_aggregate(paths)
+    runs = metrics.drop_duplicates("run").set_index("run")
+    assert bool(runs.loc["bf16-s2", "diverged"]) and not bool(runs.loc["fp32-s1", "diverged"])
+    assert runs.loc["bf16-s2", "health_reasons"] == "entropy collapsed"
+    assert runs.loc["bf16-s1", "representable_update_frac"] == 0.25
+    assert runs.loc["fp32-s1", "representable_update_lr"] == 3e-5
+    rep = sparsity[sparsity["scope"] == "representable"]
+    assert (
+        set(rep["group"]) == set(MODULES)
+        and (rep.loc[rep["precision"] == "bf16", "representable_fraction"] == 0.2).all()
+    )
+    assert any("diverged" in w and "bf16-s2" in w for w in warnings)
+
+
+def test_results_without_health_or_representable_records_still_aggregate_with_a_warning(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1,), health=False)
+    metrics, _, _, warnings, _ = run_aggregate(paths)
+    trained = metrics[metrics["precision"].notna()]
+    assert trained["diverged"].isna().all() and trained["representable_update_frac"].isna().all()
+    assert any("no 'health' record" in w for w in warnings)
+    assert any("no 'representable_update'" in w for w in warnings)
+
+
+def test_overlap_tables_of_every_precision_are_concatenated(tables):
+    overlap = tables[4]
+    assert set(overlap["precision"]) == {"fp32", "bf16"}
+    assert len(overlap) == 2 * 3 * len(ETAS)
+
+
+def test_the_aggregate_stage_imports_neither_torch_nor_transformers():
+    """It only reads JSON and parquet: torch + transformers would add seconds to every aggregate job."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, workflow_scripts.aggregate, workflow_scripts.metrics_log as m; "
+        "assert m.read_metrics and m.rollout_rows and m.reward_summary; "
+        "print(sorted({n.split('.')[0] for n in sys.modules} & {'torch', 'transformers', 'trl'}))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

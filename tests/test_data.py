@@ -11,7 +11,7 @@ from workflow_scripts import synthetic
 from workflow_scripts.config import validate_config
 from workflow_scripts.prepare_data import deduplicate, prepare
 from workflow_scripts.real_datasets import load_dataset_rows, read_local
-from workflow_scripts.rows import FIELDS, make_row, read_rows
+from workflow_scripts.rows import FIELDS, DataError, iter_records, make_row, read_json, read_jsonl, read_rows
 
 FIXTURES = REPO / "data" / "fixtures"
 
@@ -63,7 +63,10 @@ def test_generate_excludes_and_caps_at_the_family_size():
     first = synthetic.generate("mul", 10, seed=0, task="t")
     again = synthetic.generate("mul", 10, seed=0, task="t", exclude=[r["prompt"] for r in first])
     assert not {r["prompt"] for r in first} & {r["prompt"] for r in again}
-    assert len(synthetic.generate("mul", 10_000, seed=0, task="t")) == 400  # 20 x 20 operand pairs
+    # 20 x 20 operand pairs, split between the eval and the train side by a hash of the prompt
+    sides = [synthetic.generate("mul", 10_000, seed=0, task="t", side=side) for side in synthetic.SIDES]
+    assert sum(len(rows) for rows in sides) == 400 and all(150 < len(rows) < 250 for rows in sides)
+    assert not {r["prompt"] for r in sides[0]} & {r["prompt"] for r in sides[1]}
 
 
 def test_sft_mix_follows_the_weights_and_skips_eval_prompts():
@@ -131,8 +134,8 @@ def test_loader_errors_name_the_file_and_column(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nope\.parquet"):
         read_local(tmp_path / "nope.parquet")
     with pytest.raises(ValueError, match="unsupported dataset format"):
-        (tmp_path / "x.csv").write_text("a\n")
-        read_local(tmp_path / "x.csv")
+        (tmp_path / "x.txt").write_text("a\n")
+        read_local(tmp_path / "x.txt")
 
 
 def test_hub_loading_offline_gives_a_clear_error(monkeypatch):
@@ -159,3 +162,143 @@ def test_prepare_writes_every_output(tmp_path, test_config):
     eval_prompts = {r["prompt"] for t in summary["eval"] for r in read_rows(tmp_path / "eval" / f"{t}.jsonl")}
     assert not eval_prompts & {r["prompt"] for r in train}
     assert len(read_rows(tmp_path / "sft.jsonl")) == 2000
+
+
+# ------------------------------------------------------------------ local files: file:line, as written
+
+MATH_OK = {"problem": "What is 10 + 23?", "answer": "033"}
+
+
+def _jsonl(path, records, raw_lines=()):
+    lines = [json.dumps(r) for r in records] + list(raw_lines)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_malformed_line_is_an_error_naming_file_and_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(MATH_OK) + "\n\n" + '{"problem": "x", "answer": "1"\n')
+    with pytest.raises(DataError, match=r"m\.jsonl:3: not valid JSON"):
+        load_dataset_rows("math500", "t", str(path))
+    (tmp_path / "a.json").write_text(
+        '[\n  {"problem": "p", "answer": "1"},\n  {"problem": "q" "answer": "2"}\n]'
+    )
+    with pytest.raises(DataError, match=r"a\.json:3: not valid JSON"):
+        load_dataset_rows("math500", "t", str(tmp_path / "a.json"))
+    (tmp_path / "c.csv").write_text("problem,answer\np,1\nq,2,extra\n")
+    with pytest.raises(DataError, match=r"c\.csv:3: "):
+        load_dataset_rows("math500", "t", str(tmp_path / "c.csv"))
+
+
+@pytest.mark.parametrize("answer", [None, "", "   ", "absent"])
+def test_a_row_without_an_answer_is_an_error_naming_file_line_and_field(tmp_path, answer):
+    bad = {"problem": "p"} if answer == "absent" else {"problem": "p", "answer": answer}
+    path = _jsonl(tmp_path / "m.jsonl", [MATH_OK, MATH_OK, bad])
+    with pytest.raises(DataError, match=r"m\.jsonl:3: math500: field 'answer' is (missing|empty)"):
+        load_dataset_rows("math500", "t", str(path))
+
+
+def test_bad_records_of_every_dataset_name_their_field(tmp_path):
+    gsm = _jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "no final answer"}])
+    with pytest.raises(DataError, match=r"g\.jsonl:1: gsm8k: field 'answer' has no '####'"):
+        load_dataset_rows("gsm8k", "t", str(gsm))
+    mmlu = _jsonl(
+        tmp_path / "u.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 5, "subject": "anatomy"}]
+    )
+    with pytest.raises(DataError, match=r"u\.jsonl:1: mmlu_stem: field 'answer' must be an index"):
+        load_dataset_rows("mmlu_stem", "t", str(mmlu))
+    dapo = _jsonl(tmp_path / "d.jsonl", [{"prompt": "p", "reward_model": {"ground_truth": ""}}])
+    with pytest.raises(DataError, match=r"d\.jsonl:1: dapo_math: field 'reward_model.ground_truth'"):
+        load_dataset_rows("dapo_math", "t", str(dapo))
+    code = _jsonl(
+        tmp_path / "h.jsonl", [{"task_id": "x", "prompt": "def f():\n", "test": "", "entry_point": "f"}]
+    )
+    with pytest.raises(DataError, match=r"h\.jsonl:1: humaneval: field 'test' is empty"):
+        load_dataset_rows("humaneval", "t", str(code))
+
+
+def test_answers_are_kept_exactly_as_written_in_every_format(tmp_path):
+    import pandas as pd
+
+    records = [MATH_OK, {"problem": "p2", "answer": "1,000"}, {"problem": "p3", "answer": "0.50"}]
+    files = [
+        _jsonl(tmp_path / "a.jsonl", records),
+        tmp_path / "a.json",
+        tmp_path / "a.csv",
+        tmp_path / "a.parquet",
+    ]
+    files[1].write_text(json.dumps(records, indent=2))
+    files[2].write_text("problem,answer\n" + "".join(f'{r["problem"]},"{r["answer"]}"\n' for r in records))
+    pd.DataFrame(records).to_parquet(files[3])
+    for path in files:
+        rows = load_dataset_rows("math500", "t", str(path))
+        assert [r["answer"] for r in rows] == ["033", "1,000", "0.50"], path
+    numbers = tmp_path / "n.jsonl"
+    numbers.write_text(
+        '{"problem": "p", "answer": 1e3}\n{"problem": "q", "answer": 27.0}\n{"problem": "r", "answer": 7}\n'
+    )
+    assert [r["answer"] for r in load_dataset_rows("math500", "t", str(numbers))] == ["1e3", "27.0", "7"]
+
+
+def test_json_records_know_their_line(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('[\n  {"a": 1},\n\n  {"a": 2}, {"a": 3}\n]\n')
+    assert [(w.rsplit(":", 1)[1], r["a"]) for w, r in iter_records(path)] == [("2", 1), ("4", 2), ("4", 3)]
+
+
+def test_skip_policy_leaves_bad_rows_out_and_prepare_counts_them(tmp_path, test_config):
+    path = _jsonl(
+        tmp_path / "m.jsonl", [MATH_OK, {"problem": "p"}, {"problem": "q", "answer": "4"}], ["{oops"]
+    )
+    skipped: list[str] = []
+    with pytest.raises(DataError, match=r"m\.jsonl:4: not valid JSON"):  # unparseable: never skipped
+        load_dataset_rows("math500", "t", str(path), on_bad_row="skip", skipped=skipped)
+    path = _jsonl(tmp_path / "m.jsonl", [MATH_OK, {"problem": "p"}, {"problem": "q", "answer": "4"}])
+    rows = load_dataset_rows("math500", "t", str(path), on_bad_row="skip", skipped=skipped)
+    assert [r["answer"] for r in rows] == ["033", "4"]
+    assert len(skipped) == 1 and "m.jsonl:2: math500: field 'answer' is missing" in skipped[0]
+
+    test_config["data"]["tasks"]["m5"] = {
+        "source": "math500",
+        "kind": "math",
+        "role": "off_task",
+        "path": str(path),
+    }
+    cfg = validate_config(test_config)
+    assert cfg["data"]["on_bad_row"] == "error"
+    with pytest.raises(DataError, match=r"m\.jsonl:2: math500: field 'answer'"):
+        prepare(cfg["data"], tmp_path / "out")
+    cfg["data"]["on_bad_row"] = "skip"
+    summary = prepare(cfg["data"], tmp_path / "out")
+    written = read_json(tmp_path / "out" / "prepare.json")
+    assert summary["bad_rows"]["skipped"] == written["bad_rows"]["skipped"] == 1
+    assert written["bad_rows"]["by_task"] == {"m5": 1} and "m.jsonl:2" in written["bad_rows"]["first"][0]
+    assert summary["eval"]["m5"] == 2
+    # the workflow's split: prepare_eval (one task) then prepare_train; prepare.json still counts them
+    from workflow_scripts.prepare_data import run
+
+    run(cfg["data"], tmp_path / "wf", tasks=["m5"], train=False)
+    summary = run(cfg["data"], tmp_path / "wf", tasks=[])
+    assert summary["bad_rows"]["by_task"] == {"m5": 1} and "m.jsonl:2" in summary["bad_rows"]["first"][0]
+
+
+def test_schema_refuses_an_unknown_bad_row_policy(test_config):
+    test_config["data"]["on_bad_row"] = "ignore"
+    with pytest.raises(Exception, match="on_bad_row"):
+        validate_config(test_config)
+
+
+def test_result_readers_name_the_file(tmp_path):
+    from workflow_scripts.rows import read_parquet
+
+    (tmp_path / "r.json").write_text('{"a": 1,\n "b": }')
+    with pytest.raises(DataError, match=r"r\.json:2: not valid JSON"):
+        read_json(tmp_path / "r.json")
+    (tmp_path / "m.jsonl").write_text('{"step": 1}\n{"step": 2\n')
+    with pytest.raises(DataError, match=r"m\.jsonl:2: not valid JSON"):
+        read_jsonl(tmp_path / "m.jsonl")
+    (tmp_path / "s.parquet").write_bytes(b"PAR1 truncated")
+    with pytest.raises(DataError, match=r"s\.parquet: not a readable parquet file"):
+        read_parquet(tmp_path / "s.parquet")
+    with pytest.raises(FileNotFoundError, match=r"gone\.json"):
+        read_json(tmp_path / "gone.json")

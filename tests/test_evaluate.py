@@ -19,13 +19,12 @@ from workflow_scripts import passk
 from workflow_scripts.evaluate import (
     SAMPLE_COLUMNS,
     derive_seed,
-    evaluate_run,
     generate,
     kl_prompt_indices,
-    run_model_dir,
     score,
     summarize,
 )
+from workflow_scripts.evaluate import run as evaluate
 from workflow_scripts.generation import (
     Completion,
     bounded_batch_size,
@@ -282,7 +281,7 @@ def test_vllm_backend_without_vllm_names_the_config_key(tiny, tmp_path, monkeypa
         generate(model_dir, PROMPTS, {**EVAL_CFG, "backend": "tpu"}, max_new_tokens=4, seed=0)
 
 
-FAKE_VLLM = '''
+FAKE_VLLM = """
 import types
 calls = []
 class SamplingParams:
@@ -303,7 +302,7 @@ class LLM:
                 samples.append(types.SimpleNamespace(token_ids=ids, finish_reason=reason))
             out.append(types.SimpleNamespace(outputs=samples))
         return out
-'''
+"""
 
 
 def test_vllm_adapter_maps_outputs_to_completions(tiny, tmp_path, monkeypatch):
@@ -338,17 +337,32 @@ def _data(tmp_path: Path) -> Path:
     return path
 
 
-def test_evaluate_run_writes_samples_and_summary_in_the_saved_dtype(tiny, tmp_path):
+def _evaluate(model_dir, base_dir, data, out: Path, run: str, **kw) -> dict:
+    summary, _ = evaluate(
+        model=model_dir,
+        base=base_dir,
+        data=data,
+        samples_out=out / f"{run}/t.samples.parquet",
+        summary_out=out / f"{run}/t.json",
+        kl_out=out / f"{run}/t.kl.json",
+        eval_cfg=EVAL_CFG,
+        task_cfg={"kind": "integer", "role": "on_task", "max_new_tokens": 4},
+        run=run,
+        task="t",
+        **kw,
+    )
+    return summary
+
+
+def test_evaluate_writes_samples_summary_and_kl_in_the_saved_dtype(tiny, tmp_path):
     model, tok = tiny
     base_dir = _save(model, tok, tmp_path / "base")
     run_dir = _save(model, tok, tmp_path / "run", torch.bfloat16)
     data = _data(tmp_path)
-    task_cfg = {"kind": "integer", "role": "on_task", "max_new_tokens": 4}
     out = tmp_path / "eval"
-    base = evaluate_run(base_dir, data, out / "base/t.samples.parquet", out / "base/t.json", EVAL_CFG,
-                        task_cfg, "base", "t")  # fmt: skip
-    run = evaluate_run(run_dir, data, out / "bf16-s1/t.samples.parquet", out / "bf16-s1/t.json", EVAL_CFG,
-                       task_cfg, "bf16-s1", "t", base_samples=out / "base/t.samples.parquet")  # fmt: skip
+    base = _evaluate(base_dir, base_dir, data, out, "base")
+    run = _evaluate(run_dir, base_dir, data, out, "bf16-s1", reference_run="base-bfloat16",
+                    reference_dtype="bfloat16", base_samples=out / "base/t.samples.parquet")  # fmt: skip
     samples = pd.read_parquet(out / "bf16-s1/t.samples.parquet")
     assert list(samples.columns) == list(SAMPLE_COLUMNS) and len(samples) == 5 * 3
     assert samples["length"].between(1, 4).all()
@@ -358,10 +372,20 @@ def test_evaluate_run_writes_samples_and_summary_in_the_saved_dtype(tiny, tmp_pa
     assert base["dJ"] is None and run["dJ"] == pytest.approx(run["pass_at_1"] - base["pass_at_1"])
     assert run["N"] == 5 and run["n"] == 3 and run["role"] == "on_task" and run["seed"] != base["seed"]
     assert run["sampling"] == {"temperature": 0.7, "top_p": 0.8, "max_new_tokens": 4, "n_samples": 3}
-    again = evaluate_run(base_dir, data, tmp_path / "x.parquet", tmp_path / "x.json", EVAL_CFG, task_cfg,
-                         "base", "t")  # fmt: skip
+    assert run["reference_run"] == "base-bfloat16" and base["reference_run"] == "base"
+    assert run["timing"]["startup_s"] > 0 and run["timing"]["load_s"] > 0
+    kl = json.loads((out / "bf16-s1/t.kl.json").read_text())
+    assert (kl["policy_dtype"], kl["reference_dtype"], kl["reference_run"]) == (
+        "bfloat16",
+        "bfloat16",
+        "base-bfloat16",
+    )
+    assert kl["k1_mean"] == 0.0 and kl["k3_mean"] == 0.0  # an untrained bf16 run is its arm's start exactly
+    again = _evaluate(base_dir, base_dir, data, tmp_path / "again", "base")
     assert again["correct_counts"] == base["correct_counts"]
-    assert pd.read_parquet(tmp_path / "x.parquet").equals(pd.read_parquet(out / "base/t.samples.parquet"))
+    assert pd.read_parquet(tmp_path / "again/base/t.samples.parquet").equals(
+        pd.read_parquet(out / "base/t.samples.parquet")
+    )
 
 
 def test_seeds_and_kl_prompts_are_stable():
@@ -372,15 +396,13 @@ def test_seeds_and_kl_prompts_are_stable():
     picked = kl_prompt_indices(100, 10, 3)
     assert picked == sorted(picked) and len(set(picked)) == 10 and picked == kl_prompt_indices(100, 10, 3)
     assert kl_prompt_indices(5, 10, 3) == [0, 1, 2, 3, 4]
-    assert run_model_dir("bf16-s3") == Path("results/train/bf16/seed3/model")
-    assert run_model_dir("base") == Path("results/models/base")
 
 
 # ----------------------------------------------------------------------------------- snakemake level
 
 
 @pytest.mark.slow
-def test_evaluate_and_kl_rules_for_base(tmp_path):
+def test_evaluate_rule_for_base_writes_pass_at_1_and_kl_in_one_job(tmp_path):
     from conftest import load_test_config, make_workflow_dir, planned_jobs, run_snakemake, set_key
 
     config = load_test_config()
@@ -399,19 +421,22 @@ def test_evaluate_and_kl_rules_for_base(tmp_path):
         assert kl["k1_mean"] == 0.0 and kl["k3_mean"] == 0.0  # base vs base: exactly
         ev = config["eval"]
         assert (kl["n_prompts"], kl["n_samples"]) == (ev["kl_prompts"], ev["kl_samples"])
-        for rule in ("evaluate", "kl"):
-            assert (wf / f"logs/{rule}/base/{task}.log").exists()
-            assert (wf / f"benchmarks/{rule}/base/{task}.tsv").exists()
+        assert (wf / f"logs/evaluate/base/{task}.log").exists()
+        assert (wf / f"benchmarks/evaluate/base/{task}.tsv").exists()
+        assert "STARTUP {" in (wf / f"logs/evaluate/base/{task}.log").read_text()
+    assert not (wf / "benchmarks/kl").exists()  # one job per (run, task)
     cfg = wf / "config.yaml"
     original = cfg.read_text()
     set_key(cfg, "analysis.alpha", 0.01)
     set_key(cfg, "train.learning_rate", 1e-5)
     assert planned_jobs(wf, *targets) == {}
     set_key(cfg, "eval.kl_samples", 3)
-    assert planned_jobs(wf, *targets) == {"kl": len(tasks)}
+    assert planned_jobs(wf, *targets) == {"evaluate": len(tasks)}
     cfg.write_text(original)
     set_key(cfg, "eval.n_samples", 3)
     assert planned_jobs(wf, *targets) == {"evaluate": len(tasks)}
     cfg.write_text(original)
     jobs = planned_jobs(wf, f"results/eval/fp32-s1/{tasks[0]}.json")
     assert jobs == {"train": 1, "evaluate": 1}  # the base samples exist; the run's model does not
+    jobs = planned_jobs(wf, f"results/eval/bf16-s1/{tasks[0]}.json")
+    assert jobs == {"train": 1, "evaluate": 2}  # + base-bfloat16, the bf16 arm's reference

@@ -8,6 +8,7 @@ through the real aggregate and stats code, so the figures see exactly the tables
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -15,18 +16,23 @@ import pandas as pd
 import pytest
 from test_aggregate import run_aggregate, write_fake_results
 
-from workflow_scripts import figures, report, stats
-from workflow_scripts.figures import FIGURES, FigureData
+from workflow_scripts import figure_list, figures, paths, report, stats
+from workflow_scripts.config import validate_config
+from workflow_scripts.figure_list import FIGURES
+from workflow_scripts.figures_common import FigureData
 
-FAST = {"bootstrap": 100, "power_simulations": 10, "max_seeds": 8, "mixed_model": False}
+REPO = Path(__file__).resolve().parents[1]
+FAST = {"bootstrap": 100, "power_simulations": 10, "max_seeds": 8}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def make_data(root: Path, precisions=("fp32", "bf16"), seeds=(1, 2, 3), kl: bool = True) -> FigureData:
-    paths = write_fake_results(root, precisions=precisions, seeds=seeds, kl=kl)
-    metrics, curves, sparsity, _ = run_aggregate(paths, precisions=precisions)
+def make_data(
+    root: Path, precisions=("fp32", "bf16"), seeds=(1, 2, 3), kl: bool = True, **fake
+) -> FigureData:
+    files = write_fake_results(root, precisions=precisions, seeds=seeds, kl=kl, **fake)
+    metrics, curves, sparsity, _, overlap = run_aggregate(files, precisions=precisions)
     return FigureData(
-        metrics, curves, sparsity, stats.analyze(metrics, FAST, precisions=precisions), precisions
+        metrics, curves, sparsity, stats.analyze(metrics, FAST, precisions=precisions), precisions, overlap
     )
 
 
@@ -49,6 +55,7 @@ def test_cli_writes_every_figure_as_a_png(data, tmp_path):
     data.metrics.to_parquet(tmp_path / "metrics.parquet")
     data.curves.to_parquet(tmp_path / "curves.parquet")
     data.sparsity.to_parquet(tmp_path / "sparsity.parquet")
+    data.overlap.to_parquet(tmp_path / "overlap.parquet")
     (tmp_path / "stats.json").write_text(json.dumps(data.stats))
     outputs = {name: tmp_path / "figures" / f"{name}.png" for name in FIGURES}
     argv = [
@@ -58,6 +65,8 @@ def test_cli_writes_every_figure_as_a_png(data, tmp_path):
         str(tmp_path / "curves.parquet"),
         "--sparsity",
         str(tmp_path / "sparsity.parquet"),
+        "--overlap",
+        str(tmp_path / "overlap.parquet"),
         "--stats",
         str(tmp_path / "stats.json"),
         "--precisions",
@@ -84,7 +93,9 @@ def test_degenerate_data_still_draws_every_figure(case, tmp_path):
         data = make_data(tmp_path / "r", precisions=("fp32",), seeds=(1, 2))
     else:
         data = make_data(tmp_path / "r", seeds=(1,))
-        data = FigureData(data.metrics[data.metrics["run"] == "base"], pd.DataFrame(), pd.DataFrame(), {}, ())
+        data = FigureData(
+            data.metrics[data.metrics["precision"].isna()], pd.DataFrame(), pd.DataFrame(), {}, ()
+        )
     outputs = {name: tmp_path / f"{name}.png" for name in FIGURES}
     figures.make_figures(data, outputs)
     for path in outputs.values():
@@ -103,51 +114,81 @@ def test_colours_are_fixed_per_precision(data):
     assert data.arms() == ["fp32", "bf16"]
 
 
+def test_one_figure_list_drives_the_rule_the_code_and_the_captions():
+    assert set(figures.PLOTS) == set(FIGURES)
+    captions = {p.stem for p in (REPO / "report").glob("*.rst")} - {"report", "stats", "workflow"}
+    assert captions == set(FIGURES), "report/<figure>.rst for every figure and no other"
+    assert all(figure_list.note(name) for name in FIGURES)
+    rule = (REPO / "rules" / "analysis.smk").read_text()
+    assert "from workflow_scripts.figure_list import FIGURES" in rule and "figures/{name}.png" in rule
+
+
 # ----------------------------------------------------------------------------- stats.json and report.md
 
 
-def test_stats_cli_writes_strict_json_with_verdicts(data, tmp_path):
+def test_stats_stage_writes_strict_json_with_gate_and_verdicts(data, tmp_path):
     data.metrics.to_parquet(tmp_path / "metrics.parquet")
     out = tmp_path / "stats.json"
-    argv = [
-        "stats",
-        "--metrics",
-        str(tmp_path / "metrics.parquet"),
-        "--out",
-        str(out),
-        "--config",
-        json.dumps(FAST),
-        "--precisions",
-        "fp32",
-        "bf16",
-    ]
-    assert report.main(argv) == 0
+    stats.run(metrics=tmp_path / "metrics.parquet", out=out, analysis=FAST, precisions=["fp32", "bf16"])
 
     def no_constants(name: str):
         raise AssertionError(f"non-standard JSON constant {name}")
 
     result = json.loads(out.read_text(), parse_constant=no_constants)
-    assert set(result["verdicts"]) == {"H1", "H2", "H3"}
+    assert set(result["verdicts"]) == {"H1", "H2", "H3"} and "passed" in result["gate"]
     assert result["reference"] == "fp32" and result["source"]["rows"] == len(data.metrics)
+    cli = tmp_path / "cli.json"
+    argv = [
+        "--metrics",
+        str(tmp_path / "metrics.parquet"),
+        "--out",
+        str(cli),
+        "--config",
+        str(REPO / "tests" / "config.test.yaml"),
+    ]
+    assert stats.main(argv) == 0 and json.loads(cli.read_text())["config"]["bootstrap"] == 200
 
 
-def test_report_states_every_verdict_with_reason_power_and_figures(data, tmp_path):
+def test_report_states_gate_verdicts_power_and_figures(data, tmp_path):
     figs = {name: tmp_path / "figures" / f"{name}.png" for name in FIGURES}
-    text = report.render(data.stats, data.metrics, figs, tmp_path / "report.md", ["fp32", "bf16"])
+    text = report.render(
+        data.stats, data.metrics, figs, tmp_path / "report.md", ["fp32", "bf16"], data.overlap
+    )
+    gate = data.stats["gate"]
+    assert "## Gate: did training improve the on-task score?" in text
+    assert ("**Passed.**" if gate["passed"] else "**Not passed.**") in text and gate["reason"] in text
+    assert "| seeds per arm needed |" in text
     for h in ("H1", "H2", "H3"):
         v = data.stats["verdicts"][h]
-        assert f"### {h}: {v['verdict']}" in text
-        assert f"- Reason: {v['reason']}" in text
-    assert text.count("- power (bf16, ") == 3
-    assert "seeds per arm for 80%" in text
+        assert f"### {h}: {v['verdict']}" in text and f"- Why: {v['reason']}" in text
+        assert f"| {h} | bf16 vs fp32 | **{v['by_arm']['bf16']['verdict']}** |" in text
+    assert "## Seed-variance components (mixed model)" in text
     assert "| on_task (add_sub) | bf16 | 3 |" in text
-    assert "## Training and update sparsity" in text and "changed (η=1e-04)" in text
+    assert "representable update (step 0)" in text and "changed (η=1e-04)" in text
+    assert "## Cross-seed overlap of the update masks" in text and "| bf16 | 0.001 | 3 |" in text
+    assert "None of the 6 trained runs diverged" in text
     for name in FIGURES:
-        assert f"[{name}](figures/{name}.png)" in text
-    assert "## Warnings" in text
+        assert f"[{name}](figures/{name}.png): {figure_list.note(name)}" in text
+    assert "design.md" not in text and "## Warnings" in text
 
 
-def test_report_cli_and_data_warnings(data, tmp_path):
+def test_report_lists_diverged_runs_and_how_the_verdicts_treat_them(tmp_path):
+    data = make_data(tmp_path / "r", diverged=("bf16-s2",))
+    assert data.stats["excluded_runs"]["diverged"] == ["bf16-s2"]
+    text = report.render(data.stats, data.metrics, {}, tmp_path / "report.md", ["fp32", "bf16"])
+    assert "1 of 6 trained runs diverged and are **excluded** from every test and verdict" in text
+    assert "- bf16-s2: entropy collapsed" in text
+    assert "Seeds per arm (after exclusions): fp32 3, bf16 2" in text
+
+
+def test_report_on_results_without_health_records_says_so(tmp_path):
+    data = make_data(tmp_path / "r", health=False)
+    text = report.render(data.stats, data.metrics, {}, tmp_path / "report.md", ["fp32", "bf16"])
+    assert "Not checked: these results predate the training health record" in text
+    assert "predates the representable-update record" in text
+
+
+def test_report_stage_and_data_warnings(data, tmp_path):
     metrics = data.metrics.copy()
     metrics.loc[metrics["run"] == "bf16-s1", "timeout_frac"] = 0.25
     metrics.loc[metrics["task"] == "mcq", "truncated_frac"] = 0.9
@@ -156,7 +197,6 @@ def test_report_cli_and_data_warnings(data, tmp_path):
     (tmp_path / "stats.json").write_text(json.dumps(data.stats))
     out = tmp_path / "report.md"
     argv = [
-        "markdown",
         "--stats",
         str(tmp_path / "stats.json"),
         "--metrics",
@@ -169,7 +209,7 @@ def test_report_cli_and_data_warnings(data, tmp_path):
     assert report.main(argv) == 0
     text = out.read_text()
     assert "verifier timeouts in 3 run x task(s) (worst bf16-s1/" in text
-    assert "hit max_new_tokens in 7 run x task(s) (tasks ['mcq'])" in text
+    assert "hit max_new_tokens in 8 run x task(s) (tasks ['mcq'])" in text
     assert "KL k3 missing for 1 trained run x task(s)" in text
     assert "[dJ_by_task](figures/dJ_by_task.png)" in text
 
@@ -177,9 +217,50 @@ def test_report_cli_and_data_warnings(data, tmp_path):
 def test_report_on_one_seed_says_why_nothing_was_decided(tmp_path):
     data = make_data(tmp_path / "r", seeds=(1,), kl=False)
     text = report.render(data.stats, data.metrics, {}, tmp_path / "report.md")
-    assert text.count("inconclusive") >= 3
-    assert "power (bf16, on-task dJ): not computed" in text
+    assert text.count("not testable") >= 3 and "**Not passed.**" in text
+    assert "fp32 has 1 seed(s): a gain across seeds cannot be tested" in text
     assert "KL k3 missing for 6 trained run x task(s)" in text
+
+
+# ----------------------------------------------------------------------------- the analysis rules
+
+
+@pytest.mark.slow
+def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path):
+    """aggregate -> analysis_stats -> analysis_figures -> analysis_report through snakemake (each rule's
+    script: is its stage module), on fake upstream outputs written where the rules expect them."""
+    from conftest import load_test_config, make_workflow_dir, run_snakemake
+    from test_code_reruns import mark_done, placeholder_outputs
+
+    config = load_test_config()
+    wf = make_workflow_dir(tmp_path / "wf", config)
+    placeholder_outputs(wf)
+    write_fake_results(
+        wf / "results",
+        precisions=tuple(config["precisions"]),
+        seeds=tuple(config["seeds"]),
+        diverged=("bf16-s2",),
+    )
+    mark_done(wf)
+    analysis = wf / "results" / "analysis"
+    for path in analysis.rglob("*"):
+        if path.is_file():
+            path.unlink()
+    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((analysis / "stats.json").read_text())
+    assert result["excluded_runs"]["diverged"] == ["bf16-s2"] and "gate" in result
+    assert result["config"]["bootstrap"] == config["analysis"]["bootstrap"]
+    for name in FIGURES:
+        assert_png(analysis / "figures" / f"{name}.png")
+    text = (analysis / "report.md").read_text()
+    assert "## Gate" in text and "- bf16-s2: entropy collapsed" in text and "## Cross-seed overlap" in text
+    metrics = pd.read_parquet(analysis / "metrics.parquet")
+    assert set(metrics["run"]) == set(paths.run_names(validate_config(config, check_files=False)))
+    assert len(pd.read_parquet(analysis / "overlap.parquet")) > 0
+    proc = run_snakemake(wf, "--report", "report.html", timeout=600)  # captions from figure_list's files
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (wf / "report.html").stat().st_size > 10_000
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -203,13 +284,13 @@ def test_full_workflow_writes_the_analysis_and_an_html_report(finished_workflow)
     wf, config = finished_workflow, load_test_config()
     analysis = wf / "results" / "analysis"
     metrics = pd.read_parquet(analysis / "metrics.parquet")
-    n_runs = 1 + len(config["precisions"]) * len(config["seeds"])
+    n_runs = len(paths.run_names(validate_config(config, check_files=False)))
     assert len(metrics) == n_runs * len(config["data"]["tasks"])
     trained = metrics[metrics["precision"].notna()]
     assert trained[["J", "dJ", "kl_k3", "train_steps", "equal_bf16_frac"]].notna().all().all()
     assert set(trained.loc[trained["precision"] == "bf16", "dtype"]) == {"bfloat16"}
     result = json.loads((analysis / "stats.json").read_text())
-    assert set(result["verdicts"]) == {"H1", "H2", "H3"}
+    assert set(result["verdicts"]) == {"H1", "H2", "H3"} and "gate" in result
     for name in FIGURES:
         assert_png(analysis / "figures" / f"{name}.png")
     text = (analysis / "report.md").read_text()
@@ -236,3 +317,66 @@ def test_analysis_settings_rerun_only_the_analysis(finished_workflow):
         assert jobs == {"analysis_stats": 1, "analysis_figures": 1, "analysis_report": 1, "all": 1}, jobs
     finally:
         cfg.write_text(original)
+
+
+# ----------------------------------------------------------------------------- degenerate but legal tables
+
+SIX_ARMS = ("fp32", "fp32_drop", "bf16", "bf16_drop", "autocast", "autocast_drop")
+
+
+@pytest.fixture(scope="module")
+def flat_data(tmp_path_factory) -> FigureData:
+    """6 arms (autocast names) x 2 seeds, every dJ and KL exactly 0, no eval noise: a few-step tiny run."""
+    data = make_data(tmp_path_factory.mktemp("flat"), precisions=SIX_ARMS, seeds=(1, 2), flat=True)
+    trained = data.metrics[data.metrics["precision"].notna()]
+    assert (trained["dJ"] == 0).all() and (data.metrics["eval_noise_var"] == 0).all()
+    assert (trained["kl_k3"] == 0).all()
+    data.stats = stats.json_safe(data.stats)  # as the figures and report read it from stats.json
+    return data
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_zero_spread_and_zero_noise_still_draw_every_figure(flat_data, name, tmp_path):
+    figures.make_figures(flat_data, {name: tmp_path / f"{name}.png"})
+    assert_png(tmp_path / f"{name}.png")
+
+
+def test_report_on_zero_spread_says_not_testable_and_shows_n_a_not_nan(flat_data, tmp_path):
+    text = report.render(flat_data.stats, flat_data.metrics, {}, tmp_path / "report.md", SIX_ARMS)
+    assert "**Not passed.**" in text and text.count("**not testable**") == 3 * (len(SIX_ARMS) - 1)
+    assert "the gate did not pass" in text and "n/a" in text
+    assert "| undefined (both 0) [0, ∞] |" in text  # 0/0 ratio: said, not shown as a number
+    assert not re.search(r"\bnan\b|\| *(None|inf) *\||\[None|None\]", text, flags=re.IGNORECASE)
+    assert "autocast_drop" in text
+
+
+@pytest.mark.slow
+def test_analysis_rules_on_a_flat_six_arm_two_seed_table(tmp_path):
+    """The few-step factorial case through snakemake: 6 arms (autocast names) x 2 seeds x 2 tasks, every
+    dJ and KL exactly 0, no eval noise, no weight changed: stats.json, every figure and report.md."""
+    import yaml
+    from conftest import load_test_config, make_workflow_dir, run_snakemake
+    from test_code_reruns import mark_done, placeholder_outputs
+
+    config = load_test_config()
+    config["precisions"] = yaml.safe_load((REPO / "config.factorial.yaml").read_text())["precisions"]
+    config["seeds"] = [1, 2]
+    config["data"]["tasks"] = {k: v for k, v in config["data"]["tasks"].items() if k in ("add_sub", "mul")}
+    assert tuple(config["precisions"]) == SIX_ARMS
+    wf = make_workflow_dir(tmp_path / "wf", config)
+    placeholder_outputs(wf)
+    roles = {t: config["data"]["tasks"][t]["role"] for t in ("add_sub", "mul")}
+    write_fake_results(wf / "results", precisions=SIX_ARMS, seeds=(1, 2), tasks=roles, flat=True)
+    mark_done(wf)
+    analysis = wf / "results" / "analysis"
+    for path in analysis.rglob("*"):
+        if path.is_file():
+            path.unlink()
+    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((analysis / "stats.json").read_text())
+    assert {v["verdict"] for v in result["verdicts"].values()} == {"not testable"}
+    for name in FIGURES:
+        assert_png(analysis / "figures" / f"{name}.png")
+    text = (analysis / "report.md").read_text()
+    assert "**Not passed.**" in text and "n/a" in text and not re.search(r"\bnan\b", text, re.IGNORECASE)

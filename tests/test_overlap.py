@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from workflow_scripts import checkpoint_io
 from workflow_scripts import overlap as ov
 from workflow_scripts import sparsity as sp
 
@@ -122,5 +123,5 @@ def test_main_writes_both_tables(known, tmp_path):
 
 def test_seeds_must_share_tensor_names(known, tmp_path):
     odd = save(tmp_path / "odd", {"model.layers.0.mlp.up_proj.weight": torch.ones(10)})
-    with pytest.raises(sp.TensorMismatchError, match=r"model\.norm\.weight"):
+    with pytest.raises(checkpoint_io.TensorMismatchError, match=r"model\.norm\.weight"):
         ov.compute_overlap(known["base"], {1: known["finals"][1], 9: odd})

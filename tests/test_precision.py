@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from workflow_scripts.config import ConfigError, load_config
+from workflow_scripts.grpo_config import generation_period, grpo_config, reward_functions, save_steps
 from workflow_scripts.modeling import load_model
 from workflow_scripts.precision import (
     AutocastProbe,
@@ -17,13 +18,13 @@ from workflow_scripts.precision import (
     apply_determinism,
     autocast_context,
     check_param_dtypes,
+    check_saved_dtypes,
     check_supported,
     load_policy,
     mode_from_config,
     saved_dtypes,
     trainer_precision_args,
 )
-from workflow_scripts.train import generation_period, grpo_config, reward_functions, save_steps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def test_modes_from_default_config(default_config):
     ],
 )
 def test_impossible_modes_are_rejected(entry, match):
-    with pytest.raises(PrecisionError, match=match):
+    with pytest.raises(ConfigError, match=match):
         PrecisionMode.from_config("x", entry)
 
 
@@ -111,9 +112,9 @@ def test_grpo_config_mapping_default(default_config):
     assert args.steps_per_generation == 4 > args.gradient_accumulation_steps == 1  # clipping can act
     assert args.generation_batch_size == 16 * 8 * 4 and args.num_generations == 8
     assert (args.temperature, args.top_p, args.top_k) == (1.0, 1.0, 0)
-    assert (args.max_steps, args.learning_rate, args.max_completion_length) == (400, 3e-5, 8)
+    assert (args.max_steps, args.learning_rate, args.max_completion_length) == (48, 3e-5, 8)
     assert (
-        args.seed == 3 and args.logging_steps == 1 and args.save_steps == 100 and args.save_total_limit == 1
+        args.seed == 3 and args.logging_steps == 1 and args.save_steps == 24 and args.save_total_limit == 1
     )
     assert args.use_vllm is False and args.reward_weights is None and args.mask_truncated_completions is False
     assert len(reward_functions(train, "integer")) == 1
@@ -153,7 +154,7 @@ def test_overlong_punishment_uses_trl_helper(default_config):
         ({"steps_per_generation": 3, "gradient_accumulation_steps": 2}, "train.steps_per_generation"),
         (
             {"prompts_per_step": 3, "num_generations": 3, "gradient_accumulation_steps": 2},
-            "train.prompts_per_step",
+            "train.gradient_accumulation_steps",
         ),
         ({"overlong_buffer": 8}, "train.overlong_buffer"),
         ({"epsilon_high": 0.1}, "train.epsilon_high"),
@@ -219,3 +220,10 @@ def test_autocast_probe_observes_what_runs(tiny_base):
         model(ids)
     assert amp.record["enabled"] is True and amp.record["dtype"] == "bfloat16"
     assert amp.record["layer_output_dtype"] == "bfloat16"
+
+
+def test_saved_dtypes_are_checked_against_the_arm(tiny_base, tmp_path):
+    base = tiny_base["base_dir"]
+    assert set(check_saved_dtypes(base, PrecisionMode("fp32", "float32")).values()) == {"float32"}
+    with pytest.raises(PrecisionError, match=rf"{base}: saved tensors not in bfloat16"):
+        check_saved_dtypes(base, PrecisionMode("bf16", "bfloat16"))

@@ -6,7 +6,9 @@ that needs a containment layer the OS does not provide here is skipped with the 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -282,3 +284,124 @@ def test_concurrent_runs():
         t.join()
     assert [r.stdout for r in results] == ["0\n", "2\n", "4\n", "6\n"]
     assert all(r.status == "ok" for r in results)
+
+
+def _host_mounts() -> list[str]:
+    return Path("/proc/self/mountinfo").read_text().splitlines()
+
+
+@needs_namespaces
+def test_total_disk_is_bounded_by_a_tmpfs_and_the_host_is_untouched():
+    """2 GiB in 16 MiB files: ENOSPC at disk_mb; the host's disk, /tmp mode and mounts unchanged."""
+    code = (
+        "import os\n"
+        "written = 0\n"
+        "try:\n"
+        "    for i in range(128):\n"
+        "        with open('/tmp/fill%d' % i, 'wb') as fh:\n"
+        "            fh.write(b'x' * (16 * 1024 * 1024))\n"
+        "        written += 16\n"
+        "except OSError as e:\n"
+        "    print(written, e.errno)\n"
+    )
+    mounts, used = _host_mounts(), shutil.disk_usage("/tmp").used
+    t0 = time.monotonic()
+    res = run_sandboxed(code, timeout=20, disk_mb=32)
+    assert res.status == "ok", res
+    written, errno_ = map(int, res.stdout.split())
+    assert written <= 32 and errno_ == 28  # ENOSPC
+    assert time.monotonic() - t0 < 15
+    assert shutil.disk_usage("/tmp").used - used < 256 * 1024**2
+    assert oct(os.stat("/tmp").st_mode & 0o7777) == "0o1777"
+    assert _host_mounts() == mounts
+    assert_nothing_left(res)
+
+
+@needs_namespaces
+def test_disk_mb_sets_the_tmpfs_size():
+    code = "open('f', 'wb').write(b'x' * (6 * 1024 * 1024))\nprint('ok')\n"
+    assert run_sandboxed(code, disk_mb=16).stdout == "ok\n"
+    res = run_sandboxed(code, disk_mb=4)
+    assert res.status == "failed" and "No space left" in res.stderr
+
+
+def test_peers_talk_only_through_their_pipes():
+    main = (
+        "import json, os\n"
+        "open('secret', 'w').write('main only')\n"
+        "os.write(3, b'ping')\n"
+        "os.close(3)\n"
+        "peer = json.loads(os.read(4, 10000))\n"
+        "print(json.dumps({**peer, 'main_uid': os.getuid()}))\n"
+    )
+    peer = (
+        "import glob, json, os\n"
+        "msg = os.read(3, 100).decode()\n"
+        "print('peer output is discarded')\n"
+        "seen = glob.glob('/tmp/*') + glob.glob('/tmp/*/*/secret')\n"
+        "os.write(4, json.dumps({'reply': msg + '-pong', 'uid': os.getuid(), 'seen': seen}).encode())\n"
+    )
+    res = run_sandboxed(main, timeout=10, peers=(peer,), pipes=((0, 1), (1, 0)))
+    assert res.status == "ok", res
+    out = json.loads(res.stdout)
+    assert out["reply"] == "ping-pong" and "peer output" not in res.stdout
+    if MODE != "basic":
+        assert out["uid"] != out["main_uid"]  # each program its own uid
+    if MODE == "namespaces":
+        assert not [p for p in out["seen"] if p.endswith("secret")]  # its own /tmp
+    assert_nothing_left(res)
+
+
+def test_a_peer_is_killed_when_the_main_program_ends():
+    peer = "import time\ntime.sleep(60)\n"
+    t0 = time.monotonic()
+    res = run_sandboxed("print('done')\n", timeout=30, peers=(peer,))
+    assert res.stdout == "done\n" and time.monotonic() - t0 < 10
+    assert_nothing_left(res)
+
+
+def test_bad_pipes_are_refused():
+    with pytest.raises(ValueError, match="writer, reader"):
+        run_sandboxed("pass\n", peers=("pass\n",), pipes=((0, 0),))
+
+
+def test_a_program_that_closes_its_output_still_times_out():
+    """Both pipes reach EOF early, yet the program runs on: the deadline still applies."""
+    t0 = time.monotonic()
+    res = run_sandboxed("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)\n", timeout=1.0)
+    assert res.timed_out and res.status == "timeout"
+    assert time.monotonic() - t0 < 8
+    assert_nothing_left(res)
+
+
+@needs_namespaces
+def test_the_program_sees_only_system_dirs_not_the_repository_or_data():
+    code = (
+        "import json, os\n"
+        f"seen = [os.listdir('/'), os.path.exists({str(REPO)!r}), os.path.exists('/root/.cache')]\n"
+        "print(json.dumps(seen))\n"
+    )
+    res = run_sandboxed(code, timeout=10)
+    assert res.status == "ok", res
+    top, repo_seen, cache_seen = json.loads(res.stdout)
+    assert not repo_seen and not cache_seen
+    assert not {"work", "home", "srv", "mnt", "opt"} & set(top)
+
+
+def test_a_spawned_program_can_be_killed_from_another_thread():
+    run = sandbox.spawn_sandboxed("import time\nprint('up', flush=True)\ntime.sleep(60)\n", timeout=30)
+    threading.Timer(1.0, run.kill).start()
+    t0 = time.monotonic()
+    res = run.wait()
+    assert time.monotonic() - t0 < 8 and not res.timed_out and res.status == "killed"
+    assert res.stdout == "up\n"
+    assert_nothing_left(res)
+
+
+def test_a_program_cannot_fake_the_sandbox_status_lines():
+    for mark in (sandbox._SIGNAL_MARK + " 0", sandbox._SIGNAL_MARK + " 9", sandbox._UNSHARE_SIGKILL):
+        res = run_sandboxed(f"import sys\nsys.stderr.write({mark!r} + '\\n')\nsys.exit(1)\n", timeout=10)
+        assert (res.returncode, res.status) == (1, "failed"), (mark, res)
+    fake = sandbox._SIGNAL_MARK + " 9"
+    res = run_sandboxed(f"import sys\nsys.stderr.write({fake!r} + '\\n')\n", timeout=10)
+    assert (res.returncode, res.status) == (0, "ok")

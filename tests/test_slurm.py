@@ -37,8 +37,8 @@ pytestmark = pytest.mark.slow
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "srun")
-GPU_RULES = {"train", "evaluate", "kl"}
-# prepare_data -> base_model -> train fp32 seed 1 -> evaluate base + fp32-s1 on one task, kl of fp32-s1
+GPU_RULES = {"train", "evaluate"}
+# prepare_* -> base_model -> train fp32 seed 1 -> evaluate (pass@1 + KL) base and fp32-s1 on one task
 TARGETS = (
     "results/models/base.json",
     "results/eval/fp32-s1/add_sub.json",
@@ -305,7 +305,7 @@ def test_workflow_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
             assert job["Partition"] == "gpu" and gpu, (rule, job)
         else:
             assert job["Partition"] == "cpu" and not gpu, (rule, job)
-    assert rules_seen >= {"prepare_data", "base_model", "train", "evaluate", "kl"}
+    assert rules_seen >= {"prepare_train", "prepare_eval", "base_model", "train", "evaluate"}
     slurm_logs = list((remote / ".snakemake" / "slurm_logs").rglob("*.log"))
     assert {p.stem for p in slurm_logs} >= set(submitted.values())
 

@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from workflow_scripts import sparsity as sp
+from workflow_scripts import sparsity_kernel as kernel
+from workflow_scripts.checkpoint_io import TensorMismatchError as Mismatch
 
 NAN, INF = math.nan, math.inf
 E10 = 2.0**-10  # a dyadic eta: boundary values are exact in float32
@@ -115,8 +117,8 @@ def test_fast_path_matches_float64_rule_near_boundary(tmp_path, n_equal):
         assert row[sp.eta_column(eta)] == expected
         assert 0 < expected < base_all.size
     # the per-element masks used by the overlap agree too
-    plan, ws = sp.EtaPlan.make(etas), sp.Workspace(base_all.size)
-    masks = sp.changed_masks(torch.from_numpy(base_all), torch.from_numpy(final_all), plan, ws)
+    plan, ws = kernel.EtaPlan.make(etas), kernel.Workspace(base_all.size)
+    masks = kernel.changed_masks(torch.from_numpy(base_all), torch.from_numpy(final_all), plan, ws)
     for eta, mask in zip(etas, masks, strict=True):
         a, b = base_all.astype(np.float64), final_all.astype(np.float64)
         np.testing.assert_array_equal(mask, np.abs(b - a) > eta * np.maximum(np.abs(a), np.abs(b)))
@@ -269,11 +271,11 @@ def test_tied_lm_head(tmp_path):
 def test_mismatched_names_and_shapes_raise(tmp_path):
     a = save(tmp_path / "a.safetensors", {"x": torch.zeros(3), "y": torch.zeros(2, 2)})
     b = save(tmp_path / "b.safetensors", {"x": torch.zeros(3), "z": torch.zeros(2, 2)})
-    with pytest.raises(sp.TensorMismatchError, match=r"'y'.*a\.safetensors.*b\.safetensors") as err:
+    with pytest.raises(Mismatch, match=r"'y'.*a\.safetensors.*b\.safetensors") as err:
         sp.diff_checkpoints(a, b)
     assert isinstance(err.value, ValueError)
     c = save(tmp_path / "c.safetensors", {"x": torch.zeros(4), "y": torch.zeros(2, 2)})
-    with pytest.raises(sp.TensorMismatchError, match=r"'x'.*\[3\].*a\.safetensors.*\[4\].*c\.safetensors"):
+    with pytest.raises(Mismatch, match=r"'x'.*\[3\].*a\.safetensors.*\[4\].*c\.safetensors"):
         sp.diff_checkpoints(a, c)
 
 
@@ -316,3 +318,22 @@ def test_cast_base_to_final_measures_from_the_runs_real_start(tmp_path):
     assert int(plain["changed_eta_1e-05"].iloc[0]) == 4  # rounding counted as change
     assert int(cast["changed_eta_1e-05"].iloc[0]) == 1
     assert int(cast["equal_stored"].iloc[0]) == 3
+
+
+def test_command_line_and_workflow_both_measure_from_the_runs_real_start(tmp_path):
+    """The CLI default equals the workflow's (cast on); --no-cast-base-to-final turns it off."""
+    base = torch.tensor([1.0 + 2.0**-10, 3.14159, -2.71828, 0.1], dtype=torch.float32)
+    final = base.to(torch.bfloat16)
+    save_file({"w": base}, tmp_path / "base.safetensors")
+    save_file({"w": final}, tmp_path / "final.safetensors")
+    argv = ["--base", str(tmp_path / "base.safetensors"), "--final", str(tmp_path / "final.safetensors")]
+    assert sp.main([*argv, "--out", str(tmp_path / "on.parquet"), "--etas", "1e-5"]) == 0
+    assert (
+        sp.main([*argv, "--out", str(tmp_path / "off.parquet"), "--etas", "1e-5", "--no-cast-base-to-final"])
+        == 0
+    )
+    assert int(pd.read_parquet(tmp_path / "on.parquet")["changed_eta_1e-05"].iloc[0]) == 0
+    assert int(pd.read_parquet(tmp_path / "off.parquet")["changed_eta_1e-05"].iloc[0]) == 4
+    assert json.loads(sp.summary_path(tmp_path / "on.parquet").read_text())["base_cast_to_final"] is True
+    defaults = sp.run(tmp_path / "base.safetensors", tmp_path / "final.safetensors", tmp_path / "d.parquet")
+    assert defaults["etas"] == [1e-3, 1e-4, 1e-5]  # the schema's sparsity.etas default

@@ -7,8 +7,11 @@ Reads only the declared outputs of the upstream rules (never a model or a sample
 | eval/{run}/{task}.json                        | run x task (+ base)  | J, J_se, dJ, dJ_se, eval_...   |
 | eval/{run}/{task}.kl.json                     | run x task           | kl_k1, kl_k1_se, kl_k3, ...    |
 | train/{precision}/seed{seed}/metrics.jsonl    | trained run          | train_* summaries; curves      |
-| train/{precision}/seed{seed}/run.json         | trained run          | train_wall_s, train_steps      |
+| train/{precision}/seed{seed}/run.json         | trained run          | train_wall_s, train_steps,     |
+|                                               |                      | diverged, health_reasons,      |
+|                                               |                      | representable_update_*         |
 | sparsity/{precision}/seed{seed}.summary.json  | trained run          | changed_frac_eta_*, equal_*    |
+| sparsity/{precision}/overlap.parquet          | precision x seed pair| overlap.parquet (as is)        |
 
 Outputs:
 
@@ -21,354 +24,90 @@ Outputs:
   are carried forward between generation rounds; ``generation_step`` marks the fresh ones; KL is null
   except every ``kl_every`` steps).
 - ``sparsity.parquet``: one row per run x scope (model / module / layer) x group x eta: changed_fraction,
-  equal_bf16_fraction, equal_stored_fraction, numel, n_tensors.
+  equal_bf16_fraction, equal_stored_fraction, numel, n_tensors; plus, per run and module type, the
+  representable-update fraction (scope ``representable``, eta null) from run.json.
+- ``overlap.parquet``: the overlap rule's cross-seed Jaccard tables of every precision, concatenated.
+
+Base runs are ``base`` and ``base-<dtype>`` (``paths.parse_run``); a trained run's dJ and KL are relative
+to the base of its arm's param dtype, named by the eval file's ``reference_run`` (else by ``references``,
+the rule's ``paths.reference_run`` per precision), and ``base_J`` is that base's pass@1. run.json's
+``health`` gives ``diverged`` (true/false; null for results written before the health record, with a
+warning) and ``representable_update`` the fraction of weights a step of size lr can change in the arm's
+param dtype (null, with a warning, when absent).
 
 Missing pieces degrade to nulls with a logged warning (a run without KL, a summary without an eta); a
 malformed input (bad JSON, a missing required key, a duplicate run x task) raises ``AggregateError``
 naming the file, because a silently wrong table would reach the verdicts.
 """
 
-from __future__ import annotations
-
 import argparse
-import json
 import logging
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from workflow_scripts import paths
+from workflow_scripts.aggregate_inputs import (
+    CHANGED_PREFIX,
+    CURVE_COLUMNS,
+    METRIC_COLUMNS,
+    SPARSITY_TABLE_COLUMNS,
+    AggregateError,
+    curve_frame,
+    eval_row,
+    kl_row,
+    read_json,
+    read_steps,
+    run_identity,
+    run_record_columns,
+    sparsity_rows,
+    train_summary,
+)
 from workflow_scripts.atomic import write_parquet
-from workflow_scripts.config import parse_run
+from workflow_scripts.rows import read_parquet
+from workflow_scripts.smk import main_from, parse_pairs
 
 log = logging.getLogger("aggregate")
-
-ID_COLUMNS = ["run", "precision", "seed", "task", "role"]
-EVAL_COLUMNS = [
-    "kind",
-    "dtype",
-    "J",
-    "J_se",
-    "dJ",
-    "dJ_se",
-    "base_J",
-    "paired_N",
-    "eval_noise_var",
-    "n_problems",
-    "n_samples",
-    "mean_length",
-    "truncated_frac",
-    "no_answer_frac",
-    "timeout_frac",
-    "error_frac",
-]
-KL_COLUMNS = ["kl_k1", "kl_k1_se", "kl_k3", "kl_k3_se", "kl_n_prompts", "kl_n_samples"]
-TRAIN_COLUMNS = [
-    "train_steps",
-    "train_wall_s",
-    "train_rollouts",
-    "reward_first10",
-    "reward_last10",
-    "reward_gain",
-    "accuracy_first10",
-    "accuracy_last10",
-    "informative_frac_mean",
-    "informative_frac_last10",
-    "clip_region_mean",
-    "clip_region_last10",
-    "clip_low_mean",
-    "clip_high_mean",
-    "entropy_first10",
-    "entropy_last10",
-    "grad_norm_mean",
-    "train_kl_k3_final",
-    "train_kl_k1_final",
-]
-SPARSITY_COLUMNS = ["equal_bf16_frac", "equal_stored_frac", "tensors_bf16_equal", "n_tensors"]
-METRIC_COLUMNS = ID_COLUMNS + EVAL_COLUMNS + KL_COLUMNS + TRAIN_COLUMNS + SPARSITY_COLUMNS
-CHANGED_PREFIX = "changed_frac_eta_"
-CURVE_COLUMNS = [
-    "run",
-    "precision",
-    "seed",
-    "step",
-    "generation_step",
-    "reward",
-    "reward_std",
-    "accuracy",
-    "informative_frac",
-    "completion_length",
-    "truncation_rate",
-    "clip_low",
-    "clip_high",
-    "clip_region",
-    "entropy",
-    "grad_norm",
-    "learning_rate",
-    "loss",
-    "kl_k1",
-    "kl_k3",
-    "wall_time_s",
-]
-SPARSITY_TABLE_COLUMNS = [
-    "run",
-    "precision",
-    "seed",
-    "scope",
-    "group",
-    "eta",
-    "eta_label",
-    "changed_fraction",
-    "equal_bf16_fraction",
-    "equal_stored_fraction",
-    "numel",
-    "n_tensors",
-]
-# required keys: a file without them is not the stage's output (raise), other keys may be absent (null)
-EVAL_REQUIRED = ("run", "task", "pass_at_1", "N", "n")
-KL_REQUIRED = ("run", "task", "k3_mean")
-SPARSITY_REQUIRED = ("precision", "seed", "model")
-
-
-class AggregateError(ValueError):
-    """An upstream output is malformed; the message names the file."""
-
-
-# ----------------------------------------------------------------------------- readers
-
-
-def read_json(path: str | os.PathLike, required: Sequence[str] = ()) -> dict:
-    """A JSON object from ``path``; AggregateError (naming the file) if unreadable or lacking ``required``."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            obj = json.load(fh)
-    except json.JSONDecodeError as err:
-        raise AggregateError(f"{path}: not valid JSON ({err})") from err
-    except OSError as err:
-        raise AggregateError(f"{path}: cannot read ({err})") from err
-    if not isinstance(obj, dict):
-        raise AggregateError(f"{path}: expected a JSON object, got {type(obj).__name__}")
-    missing = [k for k in required if k not in obj]
-    if missing:
-        raise AggregateError(f"{path}: missing key(s) {missing}")
-    return obj
-
-
-def read_metrics_jsonl(path: str | os.PathLike) -> list[dict]:
-    """The per-step lines of a training metrics.jsonl (each must be a JSON object with ``step``)."""
-    rows = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for i, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise AggregateError(f"{path}:{i}: not valid JSON ({err})") from err
-                if not isinstance(row, dict) or "step" not in row:
-                    raise AggregateError(f"{path}:{i}: expected a JSON object with a 'step' key")
-                rows.append(row)
-    except OSError as err:
-        raise AggregateError(f"{path}: cannot read ({err})") from err
-    return rows
-
-
-def _num(x: Any) -> float:
-    """A float, NaN for null/non-numeric/non-finite (JSON null and NaN both mean 'not measured')."""
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return math.nan
-    return x if math.isfinite(x) else math.nan
-
-
-def _frac(count: Any, total: Any) -> float:
-    c, t = _num(count), _num(total)
-    return c / t if t > 0 else math.nan
-
-
-def _mean(values: Iterable[Any]) -> float:
-    vals = [v for v in map(_num, values) if not math.isnan(v)]
-    return float(np.mean(vals)) if vals else math.nan
-
-
-def run_identity(run: str, path: str | os.PathLike = "") -> tuple[str | None, int | None]:
-    """(precision, seed) of a run name, (None, None) for base; AggregateError if it is neither."""
-    try:
-        parsed = parse_run(run)
-    except ValueError:
-        raise AggregateError(
-            f"{path}: run name {run!r} is neither 'base' nor '<precision>-s<seed>'"
-        ) from None
-    return (None, None) if parsed is None else parsed
-
-
-# ----------------------------------------------------------------------------- per-file rows
-
-
-def eval_row(path: str | os.PathLike) -> dict:
-    """The eval columns of one results/eval/{run}/{task}.json."""
-    d = read_json(path, EVAL_REQUIRED)
-    counts = d.get("counts") or {}
-    samples = counts.get("samples")
-    is_base = d["run"] == "base"
-    return {
-        "run": str(d["run"]),
-        "task": str(d["task"]),
-        "kind": d.get("kind"),
-        "dtype": d.get("dtype"),
-        "J": _num(d["pass_at_1"]),
-        "J_se": _num(d.get("pass_at_1_se")),
-        "dJ": 0.0 if is_base else _num(d.get("dJ")),
-        "dJ_se": 0.0 if is_base else _num(d.get("dJ_se")),
-        "base_J": _num(d["pass_at_1"]) if is_base else _num(d.get("base_pass_at_1")),
-        "paired_N": _num(d.get("paired_N")),
-        "eval_noise_var": _num(d.get("eval_noise_var")),
-        "n_problems": _num(d["N"]),
-        "n_samples": _num(d["n"]),
-        "mean_length": _num(d.get("mean_length")),
-        **{
-            f"{k}_frac": _frac(counts.get(k), samples) for k in ("truncated", "no_answer", "timeout", "error")
-        },
-    }
-
-
-def kl_row(path: str | os.PathLike) -> dict:
-    """The KL columns of one results/eval/{run}/{task}.kl.json."""
-    d = read_json(path, KL_REQUIRED)
-    return {
-        "run": str(d["run"]),
-        "task": str(d["task"]),
-        "kl_k1": _num(d.get("k1_mean")),
-        "kl_k1_se": _num(d.get("k1_se")),
-        "kl_k3": _num(d["k3_mean"]),
-        "kl_k3_se": _num(d.get("k3_se")),
-        "kl_n_prompts": _num(d.get("n_prompts")),
-        "kl_n_samples": _num(d.get("n_samples")),
-    }
-
-
-def _window(rows: Sequence[dict], key: str, first: bool) -> float:
-    """Mean of ``key`` over the first/last 10% of ``rows`` (at least one row)."""
-    k = max(1, len(rows) // 10)
-    return _mean(r.get(key) for r in (rows[:k] if first else rows[-k:]))
-
-
-def train_summary(steps: Sequence[dict], run_record: Mapping) -> dict:
-    """Run-level training summaries; rollout statistics over generation steps only (each rollout once).
-
-    reward_first10/last10 = mean reward over the first/last 10% of rollouts (the logged training reward
-    moves slowly, so the window is averaged, not read at one step); clip and entropy over all steps.
-    """
-    steps = sorted(steps, key=lambda r: _num(r.get("step")))
-    fresh = [r for r in steps if r.get("generation_step", True)] or steps
-    kl = [r for r in steps if not math.isnan(_num(r.get("kl_k3")))]
-    wall = _num(run_record.get("train_wall_s"))
-    if math.isnan(wall) and steps:
-        wall = _num(steps[-1].get("wall_time_s"))
-    n_steps = _num(run_record.get("steps"))
-    out = {
-        "train_steps": n_steps if not math.isnan(n_steps) else float(len(steps)),
-        "train_wall_s": wall,
-        "train_rollouts": float(len(fresh)) if steps else math.nan,
-        "reward_first10": _window(fresh, "reward", True),
-        "reward_last10": _window(fresh, "reward", False),
-        "accuracy_first10": _window(fresh, "accuracy", True),
-        "accuracy_last10": _window(fresh, "accuracy", False),
-        "informative_frac_mean": _mean(r.get("informative_frac") for r in fresh),
-        "informative_frac_last10": _window(fresh, "informative_frac", False),
-        "clip_region_mean": _mean(r.get("clip_region") for r in steps),
-        "clip_region_last10": _window(steps, "clip_region", False),
-        "clip_low_mean": _mean(r.get("clip_low") for r in steps),
-        "clip_high_mean": _mean(r.get("clip_high") for r in steps),
-        "entropy_first10": _window(steps, "entropy", True),
-        "entropy_last10": _window(steps, "entropy", False),
-        "grad_norm_mean": _mean(r.get("grad_norm") for r in steps),
-        "train_kl_k3_final": _num(kl[-1].get("kl_k3")) if kl else math.nan,
-        "train_kl_k1_final": _num(kl[-1].get("kl_k1")) if kl else math.nan,
-    }
-    out["reward_gain"] = out["reward_last10"] - out["reward_first10"]
-    return out
-
-
-def curve_frame(steps: Sequence[dict], run: str, precision: str, seed: int) -> pd.DataFrame:
-    frame = pd.DataFrame(list(steps))
-    out = pd.DataFrame({"run": run, "precision": precision, "seed": seed}, index=range(len(frame)))
-    for col in CURVE_COLUMNS[3:]:
-        values = frame[col] if col in frame.columns else pd.Series(np.nan, index=frame.index)
-        out[col] = values.astype(bool) if col == "generation_step" else pd.to_numeric(values, errors="coerce")
-    return out.sort_values("step", kind="stable")
-
-
-def sparsity_rows(path: str | os.PathLike) -> tuple[dict, list[dict]]:
-    """(run-level model columns, long rows for sparsity.parquet) of one sparsity summary json."""
-    d = read_json(path, SPARSITY_REQUIRED)
-    if not isinstance(d["model"], Mapping):
-        raise AggregateError(f"{path}: 'model' is not an object")
-    precision, seed = str(d["precision"]), int(d["seed"])
-    run = f"{precision}-s{seed}"
-    labels = d.get("eta_labels") or list(d["model"].get("changed_fraction") or {})
-    etas = d.get("etas") or [float(x) for x in labels]
-    if len(etas) != len(labels):
-        raise AggregateError(f"{path}: {len(etas)} etas but {len(labels)} eta_labels")
-    long = []
-    scopes = {
-        "model": {"all": d["model"]},
-        "module": d.get("by_module") or {},
-        "layer": d.get("by_layer") or {},
-    }
-    for scope, groups in scopes.items():
-        for group, agg in groups.items():
-            if not isinstance(agg, Mapping):
-                raise AggregateError(f"{path}: {scope} '{group}' is not an object")
-            fracs = agg.get("changed_fraction") or {}
-            for eta, label in zip(etas, labels, strict=True):
-                long.append(
-                    {
-                        "run": run,
-                        "precision": precision,
-                        "seed": seed,
-                        "scope": scope,
-                        "group": str(group),
-                        "eta": float(eta),
-                        "eta_label": str(label),
-                        "changed_fraction": _num(fracs.get(label)),
-                        "equal_bf16_fraction": _num(agg.get("equal_bf16_fraction")),
-                        "equal_stored_fraction": _num(agg.get("equal_stored_fraction")),
-                        "numel": _num(agg.get("numel")),
-                        "n_tensors": _num(agg.get("n_tensors")),
-                    }
-                )
-    model = d["model"]
-    wide = {
-        "run": run,
-        "equal_bf16_frac": _num(model.get("equal_bf16_fraction")),
-        "equal_stored_frac": _num(model.get("equal_stored_fraction")),
-        "tensors_bf16_equal": _num(model.get("tensors_bf16_equal")),
-        "n_tensors": _num(model.get("n_tensors")),
-        **{
-            f"{CHANGED_PREFIX}{label}": _num((model.get("changed_fraction") or {}).get(label))
-            for label in labels
-        },
-    }
-    return wide, long
 
 
 # ----------------------------------------------------------------------------- the join
 
 
-def _index(rows: list[dict], what: str, paths: Sequence) -> pd.DataFrame:
+def _index(rows: list[dict], what: str, files: Sequence) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     dup = frame.duplicated(["run", "task"], keep=False)
     if dup.any():
-        files = [str(p) for p, d in zip(paths, dup, strict=True) if d]
-        raise AggregateError(f"{what}: duplicate run x task in {files[:4]}")
+        names = [str(p) for p, d in zip(files, dup, strict=True) if d]
+        raise AggregateError(f"{what}: duplicate run x task in {names[:4]}")
     return frame
+
+
+def _reference(ev: pd.DataFrame, references: Mapping[str, str], warn: list[str]) -> pd.DataFrame:
+    """Fill ``reference_run`` (file, else the rule's mapping, else 'base') and ``base_J`` from that base."""
+    trained = ev["precision"].notna()
+    missing = trained & ev["reference_run"].isna()
+    if missing.any():
+        ev.loc[missing, "reference_run"] = (
+            ev.loc[missing, "precision"].map(dict(references)).fillna(paths.BASE)
+        )
+        if not references:
+            warn.append(
+                "eval summaries lack 'reference_run' and no references were given: runs compared with 'base'"
+            )
+    base_j = ev.loc[~trained].set_index(["run", "task"])["J"]
+    looked_up = pd.Series(
+        [base_j.get((r, t), math.nan) for r, t in zip(ev["reference_run"], ev["task"], strict=True)],
+        index=ev.index,
+    )
+    ev["base_J"] = ev["base_J"].fillna(looked_up)
+    lacking = sorted(set(ev.loc[trained, "reference_run"]) - set(ev.loc[~trained, "run"]))
+    if lacking:
+        warn.append(f"reference base run(s) {lacking} have no evaluation summaries")
+    return ev
 
 
 def aggregate(
@@ -378,11 +117,14 @@ def aggregate(
     sparsity_paths: Sequence[str | os.PathLike],
     roles: Mapping[str, str],
     precisions: Sequence[str] = (),
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
-    """(metrics, training curves, sparsity, warnings) from the upstream files.
+    overlap_paths: Sequence[str | os.PathLike] = (),
+    references: Mapping[str, str] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str], pd.DataFrame]:
+    """(metrics, training curves, sparsity, warnings, overlap) from the upstream files.
 
     ``train_paths`` pairs each metrics.jsonl with its run.json (which names precision and seed).
     ``roles``: task -> role from the config; a task outside it is an error. ``precisions`` orders rows.
+    ``references``: precision -> its base run, used when an eval file lacks ``reference_run``.
     """
     warnings: list[str] = []
     if not eval_paths:
@@ -395,8 +137,9 @@ def aggregate(
     ev.insert(1, "precision", [p for p, _ in ids])
     ev.insert(2, "seed", pd.array([s for _, s in ids], dtype="Int64"))
     ev.insert(4, "role", ev["task"].map(roles))
-    if "base" not in set(ev["run"]):
+    if paths.BASE not in set(ev["run"]):
         warnings.append("no base run among the evaluation summaries")
+    ev = _reference(ev, references or {}, warnings)
 
     if kl_paths:
         kl = _index([kl_row(p) for p in kl_paths], "KL summaries", kl_paths)
@@ -406,19 +149,36 @@ def aggregate(
         pairs = [f"{r}/{t}" for r, t in zip(missing_kl["run"], missing_kl["task"], strict=True)]
         warnings.append(f"KL (k3) missing for {len(pairs)} run x task(s), e.g. {pairs[:3]}")
 
-    curves, train_rows = [], []
+    curves, train_rows, representable = [], [], []
     for metrics_path, record_path in train_paths:
         record = read_json(record_path, ("precision", "seed"))
         precision, seed = str(record["precision"]), int(record["seed"])
-        steps = read_metrics_jsonl(metrics_path)
-        run = f"{precision}-s{seed}"
+        steps = read_steps(metrics_path)
+        run = paths.run_name(precision, seed)
         if not steps:
             warnings.append(f"{metrics_path}: no training steps")
-        train_rows.append({"run": run, **train_summary(steps, record)})
+        extra = run_record_columns(record, record_path, warnings)
+        representable += [
+            {
+                "run": run,
+                "precision": precision,
+                "seed": seed,
+                "scope": "representable",
+                "group": g,
+                "representable_fraction": f,
+            }
+            for g, f in extra.pop("_by_module").items()
+        ]
+        train_rows.append({"run": run, **train_summary(steps, record), **extra})
         if steps:
             curves.append(curve_frame(steps, run, precision, seed))
     if train_rows:
         ev = ev.merge(pd.DataFrame(train_rows), on="run", how="left", validate="many_to_one")
+        if ev["diverged"].notna().any():
+            ev["diverged"] = ev["diverged"].astype("boolean")
+    diverged = sorted({r["run"] for r in train_rows if r["diverged"]})
+    if diverged:
+        warnings.append(f"diverged run(s) (excluded from the verdicts by the statistics): {diverged}")
 
     sparse_wide, sparse_long = [], []
     for path in sparsity_paths:
@@ -448,11 +208,43 @@ def aggregate(
         else pd.DataFrame({c: pd.Series(dtype=float) for c in CURVE_COLUMNS})
     )
     curve_table["seed"] = curve_table["seed"].astype("Int64")
-    sparsity = pd.DataFrame(sparse_long, columns=SPARSITY_TABLE_COLUMNS)
+    sparsity = pd.DataFrame(sparse_long + representable, columns=SPARSITY_TABLE_COLUMNS)
     sparsity["seed"] = sparsity["seed"].astype("Int64")
+    overlap = read_overlap(overlap_paths)
     for w in warnings:
         log.warning(w)
-    return metrics, curve_table, sparsity, warnings
+    return metrics, curve_table, sparsity, warnings, overlap
+
+
+OVERLAP_COLUMNS = [
+    "precision",
+    "seed_a",
+    "seed_b",
+    "eta",
+    "numel",
+    "intersection",
+    "union",
+    "jaccard",
+    "density_a",
+    "density_b",
+    "jaccard_chance",
+    "ratio",
+]
+
+
+def read_overlap(overlap_paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
+    """The overlap rule's whole-model tables, concatenated (an empty table with the columns if none)."""
+    frames = [read_parquet(p) for p in overlap_paths]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in OVERLAP_COLUMNS})
+    out = pd.concat(frames, ignore_index=True)
+    missing = [c for c in ("precision", "eta", "jaccard", "jaccard_chance") if c not in out.columns]
+    if missing:
+        raise AggregateError(
+            f"overlap tables {list(map(str, overlap_paths))[:2]}: missing column(s) {missing}"
+        )
+    return out
 
 
 def _order(frame: pd.DataFrame, precisions: Sequence[str], tasks: Sequence[str]) -> pd.DataFrame:
@@ -461,16 +253,81 @@ def _order(frame: pd.DataFrame, precisions: Sequence[str], tasks: Sequence[str])
     key_p = frame["precision"].map(lambda p: -1 if p is None or p != p else arm.get(p, len(arm)))
     key_t = frame["task"].map({t: i for i, t in enumerate(tasks)})
     keys = pd.DataFrame(
-        {"p": key_p, "name": frame["precision"].fillna(""), "s": frame["seed"].fillna(-1), "t": key_t}
+        {
+            "p": key_p,
+            "name": frame["precision"].fillna(frame["run"]),
+            "s": frame["seed"].fillna(-1),
+            "t": key_t,
+        }
     )
     order = keys.sort_values(["p", "name", "s", "t"], kind="stable").index
     return frame.loc[order].reset_index(drop=True)
 
 
-# ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- stage
 
 
-def build_parser() -> argparse.ArgumentParser:
+def run(
+    *,
+    evals: Sequence[str | os.PathLike],
+    kls: Sequence[str | os.PathLike],
+    train_metrics: Sequence[str | os.PathLike],
+    train_runs: Sequence[str | os.PathLike],
+    sparsity: Sequence[str | os.PathLike],
+    overlap: Sequence[str | os.PathLike],
+    roles: Mapping[str, str],
+    precisions: Sequence[str],
+    references: Mapping[str, str],
+    out_metrics: str | os.PathLike,
+    out_curves: str | os.PathLike,
+    out_sparsity: str | os.PathLike,
+    out_overlap: str | os.PathLike,
+) -> list[str]:
+    """The aggregate stage: read every upstream output, write the four tables; returns the warnings."""
+    if len(train_metrics) != len(train_runs):
+        raise AggregateError("train metrics and run.json files must pair up (same length and order)")
+    metrics, curves, sparse, warnings, overlap_table = aggregate(
+        evals,
+        kls,
+        list(zip(train_metrics, train_runs, strict=True)),
+        sparsity,
+        roles,
+        precisions,
+        overlap,
+        references,
+    )
+    write_parquet(out_metrics, metrics)
+    write_parquet(out_curves, curves)
+    write_parquet(out_sparsity, sparse)
+    write_parquet(out_overlap, overlap_table)
+    print(
+        f"aggregate: {len(metrics)} run x task rows, {len(curves)} training steps, {len(sparse)} sparsity "
+        f"rows, {len(overlap_table)} overlap rows -> {out_metrics}",
+        file=sys.stderr,
+    )
+    return warnings
+
+
+def from_snakemake(smk: Any) -> None:
+    inp, out = smk.input, smk.output
+    run(
+        evals=list(inp.evals),
+        kls=list(inp.kls),
+        train_metrics=list(inp.train_metrics),
+        train_runs=list(inp.train_runs),
+        sparsity=list(inp.sparsity),
+        overlap=list(inp.overlap),
+        roles=dict(smk.params.roles),
+        precisions=list(smk.params.precisions),
+        references=dict(smk.params.references),
+        out_metrics=out.metrics,
+        out_curves=out.curves,
+        out_sparsity=out.sparsity,
+        out_overlap=out.overlap,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m workflow_scripts.aggregate",
         description="Join evaluation, KL, training and sparsity outputs into tidy tables.",
@@ -482,48 +339,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--train-runs", nargs="*", default=[], help="the matching run.json files, same order")
     p.add_argument("--sparsity", nargs="*", default=[], help="sparsity/{precision}/seed{seed}.summary.json")
+    p.add_argument("--overlap", nargs="*", default=[], help="sparsity/{precision}/overlap.parquet")
     p.add_argument(
         "--roles", nargs="+", required=True, metavar="TASK=ROLE", help="task roles from the config"
     )
     p.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
-    p.add_argument("--out", required=True, help="metrics.parquet")
-    p.add_argument("--curves", required=True, help="training_curves.parquet")
-    p.add_argument("--sparsity-out", required=True, help="sparsity.parquet")
-    return p
-
-
-def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise SystemExit(f"{what}: expected NAME=VALUE, got {item!r}")
-        out[key] = value
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if len(args.train_metrics) != len(args.train_runs):
-        raise SystemExit("--train-metrics and --train-runs must pair up (same length and order)")
-    metrics, curves, sparsity, _ = aggregate(
-        args.eval,
-        args.kl,
-        list(zip(args.train_metrics, args.train_runs, strict=True)),
-        args.sparsity,
-        _pairs(args.roles, "--roles"),
-        args.precisions,
+    p.add_argument(
+        "--references",
+        nargs="*",
+        default=[],
+        metavar="PRECISION=BASE_RUN",
+        help="base run of each arm (used when an eval file lacks reference_run)",
     )
-    write_parquet(args.out, metrics)
-    write_parquet(args.curves, curves)
-    write_parquet(args.sparsity_out, sparsity)
-    print(
-        f"aggregate: {len(metrics)} run x task rows, {len(curves)} training steps, "
-        f"{len(sparsity)} sparsity rows -> {args.out}",
-        file=sys.stderr,
+    analysis = paths.analysis_dir()
+    p.add_argument("--out", default=str(analysis / "metrics.parquet"), help="metrics.parquet")
+    p.add_argument(
+        "--curves", default=str(analysis / "training_curves.parquet"), help="training_curves.parquet"
+    )
+    p.add_argument("--sparsity-out", default=str(analysis / "sparsity.parquet"), help="sparsity.parquet")
+    p.add_argument("--overlap-out", default=str(analysis / "overlap.parquet"), help="overlap.parquet")
+    args = p.parse_args(argv)
+    try:
+        roles, refs = parse_pairs(args.roles, "TASK=ROLE"), parse_pairs(args.references, "PRECISION=BASE_RUN")
+    except ValueError as err:
+        raise SystemExit(f"aggregate: {err}") from None
+    run(
+        evals=args.eval,
+        kls=args.kl,
+        train_metrics=args.train_metrics,
+        train_runs=args.train_runs,
+        sparsity=args.sparsity,
+        overlap=args.overlap,
+        roles=roles,
+        precisions=args.precisions,
+        references=refs,
+        out_metrics=args.out,
+        out_curves=args.curves,
+        out_sparsity=args.sparsity_out,
+        out_overlap=args.overlap_out,
     )
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main_from(globals())

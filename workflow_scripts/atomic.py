@@ -2,6 +2,8 @@
 
 Every stage writes through these helpers (temp file in the same directory, fsync, rename), so a
 killed job can never leave a half-written file that Snakemake or a later stage mistakes for output.
+(The directory is not fsynced: a rename lost in a power cut leaves the old state, never a torn file.)
+Reading them back, with the path in every error: ``rows``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; results should be readable like any file
     try:
         yield tmp_path
+        _fsync(tmp_path)
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
@@ -39,8 +42,6 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -77,6 +78,20 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's data to disk before it is renamed into place; best effort."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _json_default(obj: Any) -> Any:

@@ -1,53 +1,104 @@
-"""base_model stage: build (or load) the base policy pi_0 and record its on-task accuracy.
+"""base_model stage: build (or load) the base policy pi_0 and record its on-task headroom for RL.
 
 ``model.source: tiny`` builds the char-level tokenizer and a small Llama locally and warm-starts it
-with a short supervised fine-tune on the warm-start pool (sft.jsonl), so that on-task accuracy sits
-between the floor and the ceiling: GRPO needs groups with reward spread to learn anything.
-Any other source (a local folder or a hub id) is loaded with an explicit dtype and saved as is.
-"""
+with a short supervised fine-tune on the warm-start pool (sft.jsonl). Any other source (a local folder
+or a hub id) is loaded with an explicit dtype and saved as is.
 
-from __future__ import annotations
+Why near-miss labels. RLVR mostly sharpens what the base already samples: its gain is bounded by what
+the policy samples at the training temperature (pass@k at T 1) minus what it already gets at
+evaluation settings (pass@1). A clean warm start of this tiny model either knows an answer (and
+sampling at T 0.7 / top_p 0.8 finds it) or does not (and RL rarely samples it): measured, no held-out
+gain at all. ``model.tiny.near_miss`` makes a fraction ``rate`` of the warm-start labels a near miss of
+the right answer, the gain RLVR gets at scale from a base that sometimes misses the expected format:
+
+| kind        | label for answer ``59`` | what RL must learn                                   |
+|-------------|-------------------------|------------------------------------------------------|
+| no_stop     | ``599`` then end        | stop after the answer (one decision; survives top_p)  |
+| off_by_one  | ``58`` or ``60``        | sharpen the last digit (pruned by top_p at eval)      |
+
+So the right answer is often sampled but, at a rate above 0.5, not yet the mode. base.json records
+greedy accuracy, pass@1 and pass@8 at T 1 on the on-task set (the headroom); every task's pass@1 at
+evaluation settings is in eval/base/{task}.json, one owner for those numbers.
+"""
 
 import argparse
 import logging
 import math
 import platform
 import random
-import sys
+import re
 import time
 from pathlib import Path
 
 import torch
 
+from workflow_scripts import paths
 from workflow_scripts.atomic import atomic_dir, write_json
 from workflow_scripts.config import load_config, section_hash
 from workflow_scripts.generation import sample_completions
 from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
 from workflow_scripts.rows import Row, read_rows
+from workflow_scripts.smk import main_from
+from workflow_scripts.threads import log_startup, process_age_s
 from workflow_scripts.verifiers import verify_batch
 
 log = logging.getLogger("base_model")
 
 
-def sft_batches(rows: list[Row], tokenizer, batch_size: int, steps: int, seed: int):
+NEAR_MISS_KINDS = ("no_stop", "off_by_one")
+
+
+def near_misses(answer: str, kinds: tuple[str, ...] | list[str]) -> list[str]:
+    """The near-miss labels of ``answer`` of the given kinds (see the module table); may be empty."""
+    a = answer.strip()
+    out: list[str] = []
+    if "off_by_one" in kinds:
+        if re.fullmatch(r"-?\d+", a):
+            out += [str(int(a) + 1), str(int(a) - 1)]
+        elif len(a) == 1 and a.isalpha():  # a choice letter: the neighbouring letter
+            out.append(chr(ord(a) + 1) if a < "D" else chr(ord(a) - 1))
+    if "no_stop" in kinds and a:
+        out.append(a + a[-1])
+    return out
+
+
+def sft_batches(
+    rows: list[Row], tokenizer, batch_size: int, steps: int, seed: int, near_miss: dict | None = None
+):
     """Yield (input_ids, attention_mask, labels) batches; loss only on the answer and end token.
 
     Each batch is drawn from one length bucket (the bucket picked with probability proportional to
     its size, so the mix is kept in expectation): short arithmetic rows are not padded to the
-    length of the occasional word problem, which would multiply the cost of every step.
+    length of the occasional word problem, which would multiply the cost of every step. With
+    ``near_miss`` ({rate, kinds, families}) each drawn label of a listed family is replaced, with
+    probability rate, by one of its near misses chosen uniformly (a fresh draw each time it is drawn).
     """
     rng = random.Random(seed)
+    rate = float((near_miss or {}).get("rate", 0.0))
+    kinds = tuple((near_miss or {}).get("kinds", ()))
+    families = (near_miss or {}).get("families")  # None: every family
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    buckets: dict[int, list[tuple[list[int], list[int]]]] = {}
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+
+    buckets: dict[int, list[tuple[list[int], list[int], list[list[int]]]]] = {}
     for r in rows:
         p = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
-        a = tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [eos]
-        buckets.setdefault((len(p) + len(a) + 3) // 4, []).append((p, a))
+        a = encode(r["answer"])
+        noisy = rate and (families is None or (r.get("meta") or {}).get("family") in families)
+        misses = [encode(m) for m in near_misses(r["answer"], kinds)] if noisy else []
+        buckets.setdefault((len(p) + len(a) + 3) // 4, []).append((p, a, misses))
     keys = sorted(buckets)
     sizes = [len(buckets[k]) for k in keys]
     for _ in range(steps):
         bucket = buckets[rng.choices(keys, sizes)[0]]
-        batch = [bucket[rng.randrange(len(bucket))] for _ in range(batch_size)]
+        batch = []
+        for _ in range(batch_size):
+            p, a, misses = bucket[rng.randrange(len(bucket))]
+            if misses and rng.random() < rate:
+                a = misses[rng.randrange(len(misses))]
+            batch.append((p, a))
         width = max(len(p) + len(a) for p, a in batch)
         ids = torch.full((batch_size, width), pad, dtype=torch.long)
         mask = torch.zeros((batch_size, width), dtype=torch.long)
@@ -76,7 +127,9 @@ def warm_start(model, tokenizer, rows: list[Row], tiny: dict) -> list[float]:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
     losses = []
-    batches = sft_batches(rows, tokenizer, tiny["sft_batch_size"], steps, tiny["seed"])
+    batches = sft_batches(
+        rows, tokenizer, tiny["sft_batch_size"], steps, tiny["seed"], tiny.get("near_miss")
+    )
     for step, (ids, mask, labels) in enumerate(batches, 1):
         # positions count real tokens only, as generate() does for left-padded prompts
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -93,20 +146,65 @@ def warm_start(model, tokenizer, rows: list[Row], tiny: dict) -> list[float]:
     return losses
 
 
-def greedy_accuracy(model, tokenizer, rows: list[Row], max_new_tokens: int, batch_size: int = 256) -> float:
-    """Fraction of ``rows`` answered correctly by greedy decoding, scored by the task's verifier."""
+def correct_matrix(
+    model, tokenizer, rows: list[Row], task: dict, n: int, temperature: float, seed: int = 0,
+    top_p: float = 1.0,
+) -> list[list[bool]]:  # fmt: skip
+    """Verdicts of ``n`` samples per row (greedy when temperature is 0), scored by the task's verifier."""
     completions = sample_completions(
-        model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens, batch_size=batch_size
-    )
+        model, tokenizer, [r["prompt"] for r in rows], n_samples=n, temperature=temperature, top_p=top_p,
+        max_new_tokens=task["max_new_tokens"], seed=seed,
+    )  # fmt: skip
     verdicts = verify_batch(
-        rows[0]["kind"], [c.text for c in completions], [r["answer"] for r in rows], [r["meta"] for r in rows]
+        rows[0]["kind"],
+        [c.text for c in completions],
+        [r["answer"] for r in rows for _ in range(n)],
+        [r["meta"] for r in rows for _ in range(n)],
+        settings=task.get("verifier"),
     )
-    return sum(v.correct for v in verdicts) / len(rows)
+    return [[v.correct for v in verdicts[i * n : (i + 1) * n]] for i in range(len(rows))]
+
+
+def headroom(model, tokenizer, rows: list[Row], task: dict, k: int = 8) -> dict:
+    """Greedy accuracy, pass@1 and pass@k at T 1 (the training temperature) on ``rows``."""
+    greedy = correct_matrix(model, tokenizer, rows, task, 1, 0.0)
+    sampled = correct_matrix(model, tokenizer, rows, task, k, 1.0, seed=1)
+    return {
+        "greedy_accuracy": sum(c[0] for c in greedy) / len(rows),
+        "pass1_T1": sum(sum(c) / k for c in sampled) / len(rows),
+        f"pass{k}_T1": sum(any(c) for c in sampled) / len(rows),
+        "n": len(rows),
+    }
 
 
 def on_task_eval(config: dict, data_dir: Path) -> tuple[str, list[Row]]:
     name = next(n for n, t in config["data"]["tasks"].items() if t["role"] == "on_task")
     return name, read_rows(data_dir / "eval" / f"{name}.jsonl")
+
+
+def run(
+    model: dict, data: dict, data_dir: str | Path, out_dir: str | Path, record: str | Path, threads: int = 2
+) -> dict:
+    """The stage: the base model of config ``model:`` into ``out_dir``, its provenance into ``record``.
+
+    Of ``data`` only the on-task entry matters (its greedy accuracy is recorded), in the workflow and
+    the CLI alike, so the record's config_hash does not change when an off-task task is added.
+    """
+    log_startup(process_age_s())  # the tiny model is built, not loaded: its time is the stage's work
+    on_task = next(n for n, t in data["tasks"].items() if t["role"] == "on_task")
+    config = {"model": model, "data": {"tasks": {on_task: data["tasks"][on_task]}}}
+    return build_base(config, Path(data_dir), Path(out_dir), Path(record), threads=threads)
+
+
+def from_snakemake(smk) -> None:
+    run(
+        dict(smk.params.model),
+        dict(smk.params.data),
+        Path(smk.input.sft).parent,
+        smk.output.model,
+        smk.output.record,
+        threads=smk.threads,
+    )
 
 
 def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, threads: int = 2) -> dict:
@@ -124,9 +222,9 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         model = load_model(model_cfg["source"], model_cfg["dtype"], model_cfg["trust_remote_code"])
     model = model.to(dtype=getattr(torch, model_cfg["dtype"]))
     task, rows = on_task_eval(config, data_dir)
-    max_new = config["data"]["tasks"][task]["max_new_tokens"]
-    accuracy = greedy_accuracy(model, tokenizer, rows, max_new)
-    log.info("on-task (%s) greedy accuracy %.3f on %d prompts", task, accuracy, len(rows))
+    task_cfg = config["data"]["tasks"][task]
+    room = headroom(model, tokenizer, rows, task_cfg)
+    log.info("on-task (%s) headroom on %d prompts: %s", task, len(rows), room)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -134,7 +232,8 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         "source": model_cfg["source"],
         "dtype": model_cfg["dtype"],
         "parameters": sum(p.numel() for p in model.parameters()),
-        "on_task": {"task": task, "greedy_accuracy": accuracy, "n": len(rows), "max_new_tokens": max_new},
+        "on_task": {"task": task, **room, "max_new_tokens": task_cfg["max_new_tokens"]},
+        "near_miss": tiny.get("near_miss") if model_cfg["source"] == "tiny" else None,
         "sft": {
             "steps": len(losses),
             "final_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
@@ -150,16 +249,16 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="config.yaml")
-    parser.add_argument("--data", default="results/data")
-    parser.add_argument("--out", default="results/models/base")
-    parser.add_argument("--record", default="results/models/base.json")
+    parser.add_argument("--data", default=str(paths.data_dir()))
+    parser.add_argument("--out", default=str(paths.base_model_dir()))
+    parser.add_argument("--record", default=str(paths.base_record()))
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = load_config(args.config)
-    build_base(config, Path(args.data), Path(args.out), Path(args.record), args.threads)
+    run(config["model"], config["data"], args.data, args.out, args.record, args.threads)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_from(globals())

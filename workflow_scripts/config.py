@@ -1,9 +1,14 @@
-"""Load, validate and query the experiment config (config.yaml).
+"""Every rule of a valid experiment config, checked once before Snakemake plans a job (torch-free).
 
-Validation happens once, before Snakemake plans any job: the JSON schema in
-``schemas/config.schema.yaml`` (unknown keys, types, enums; defaults filled in) plus the checks a
-schema cannot express (local files exist, real-data tasks name a path or can reach a hub).
-Every error names the file and the dotted key, e.g. ``config.yaml: data.tasks.gsm8k.kind``.
+What it checks: the JSON schema (``schemas/config.schema.yaml``: unknown keys, types, enums, ranges;
+defaults are filled in from it and only from it) plus each rule between keys that a schema cannot
+express (``RULES`` below: batch divisibility, arm consistency, overlong buffer, names that collide with
+run names, local files). All problems are reported at once, one line each, naming the file the user
+gave and the dotted key, e.g. ``other.yaml: train.gradient_accumulation_steps: ...``; a YAML syntax
+error names the file, line and column.
+
+Which file: ``snakemake`` alone reads config.yaml; ``snakemake --configfile X`` reads X *instead*
+(``workflow_config``): nothing of config.yaml leaks in. ``--config k=v`` overrides apply on top.
 """
 
 from __future__ import annotations
@@ -12,18 +17,111 @@ import copy
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from workflow_scripts import paths
+
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "config.schema.yaml"
+DEFAULT_CONFIG = "config.yaml"
+Problem = tuple[str, str]  # (dotted key, what is wrong)
 
 
 class ConfigError(ValueError):
     """A config problem; the message names the config file and the offending key."""
+
+
+# ------------------------------------------------------------------------------------ loading files
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """The parsed file; a syntax error becomes ``<file>:<line>:<col>: not valid YAML: <problem>``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path}: config file not found") from err
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {err.problem or err.context}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+
+
+def load_config(path: str | os.PathLike, check_files: bool = True) -> dict:
+    """Read and validate one config file (the command lines' ``--config``)."""
+    return validate_config(read_yaml(path), source=str(path), check_files=check_files)
+
+
+def merge(base: dict, update: Mapping) -> dict:
+    """Snakemake's merge rule (nested mappings merge, everything else replaces), in place."""
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def workflow_config(
+    snakemake_config: Mapping, user_files: Sequence[str], default: str = DEFAULT_CONFIG
+) -> tuple[dict, str]:
+    """The validated config of a Snakemake invocation and the file its errors name.
+
+    ``snakemake_config`` is what Snakemake built from the command line alone (``--configfile`` files
+    merged, then ``--config`` pairs); the Snakefile declares no ``configfile:``, so config.yaml is read
+    here only when no ``--configfile`` was given. A key is blamed on the last file that sets it.
+    """
+    layers: list[tuple[str, Mapping]] = []
+    if user_files:
+        layers = [(_as_given(f), read_yaml(f) or {}) for f in user_files]
+        config = copy.deepcopy(dict(snakemake_config))
+    else:
+        raw = read_yaml(default)
+        layers = [(default, raw if isinstance(raw, Mapping) else {})]
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{default}: the config must be a mapping, got {type(raw).__name__}")
+        config = merge(copy.deepcopy(raw), snakemake_config)  # --config k=v on top
+    if snakemake_config and not user_files:
+        layers.append(("--config", snakemake_config))
+    problems = config_problems(config)
+    if problems:
+        raise ConfigError(_format(problems, lambda key: _blame(key, layers)))
+    return config, layers[-1][0] if user_files else default
+
+
+def _as_given(path: str | os.PathLike) -> str:
+    """Snakemake makes --configfile paths absolute; show them relative to the working dir if inside it."""
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+def _blame(key: str, layers: Sequence[tuple[str, Mapping]]) -> str:
+    """The last layer (file or --config) that sets ``key`` or its nearest set parent."""
+    best, best_depth = layers[-1][0] if layers else DEFAULT_CONFIG, -1
+    for name, layer in layers:
+        node: Any = layer
+        depth = 0
+        for part in key.split("."):
+            if isinstance(node, Mapping) and part in node:
+                node, depth = node[part], depth + 1
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node, depth = node[int(part)], depth + 1
+            else:
+                break
+        if depth >= best_depth:
+            best, best_depth = name, depth
+    return best
+
+
+# ---------------------------------------------------------------------------------------- the schema
 
 
 def _with_defaults(validator_class):
@@ -45,6 +143,14 @@ _Validator = _with_defaults(jsonschema.Draft7Validator)
 def load_schema() -> dict:
     with open(SCHEMA_PATH, encoding="utf-8") as fh:
         return yaml.safe_load(fh)
+
+
+def schema_defaults(*keys: str) -> Any:
+    """The schema default of a dotted key, e.g. ``schema_defaults("sparsity", "etas")`` (CLI defaults)."""
+    node = load_schema()
+    for key in keys:
+        node = node["properties"][key]
+    return copy.deepcopy(node["default"])
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
@@ -70,78 +176,132 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return error.message
 
 
-def validate_config(config: dict, source: str = "config.yaml", check_files: bool = True) -> dict:
-    """Validate ``config`` in place (filling defaults) and return it; raise ConfigError otherwise."""
-    if not isinstance(config, dict):
-        raise ConfigError(f"{source}: the config must be a mapping, got {type(config).__name__}")
+def schema_problems(config: dict) -> list[Problem]:
+    """Schema violations (fills defaults into ``config`` as it goes)."""
     errors = sorted(_Validator(load_schema()).iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = [f"{source}: {_key_path(e)}: {_describe(e)}" for e in errors]
-        raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
-    _check_semantics(config, source, check_files)
-    return config
+    return [(_key_path(e), _describe(e)) for e in errors]
 
 
-def _check_semantics(config: dict, source: str, check_files: bool) -> None:
+# ---------------------------------------------------------------------------- rules between keys
+
+
+def data_problems(config: Mapping, check_files: bool = True) -> Iterator[Problem]:
     data = config["data"]
     for name, task in data["tasks"].items():
         key = f"data.tasks.{name}"
         if task["source"] == "synthetic" and "family" not in task:
-            raise ConfigError(f"{source}: {key}.family: required when source is 'synthetic'")
+            yield f"{key}.family", "required when source is 'synthetic'"
         if task["source"] == "train_val" and data["train"]["source"] != "synthetic":
-            raise ConfigError(f"{source}: {key}.source: 'train_val' needs a synthetic training set")
-        if check_files and task.get("path") and not Path(task["path"]).exists():
-            raise ConfigError(f"{source}: {key}.path: local dataset file not found: {task['path']}")
-    train_path = data["train"].get("path")
+            yield f"{key}.source", "'train_val' needs a synthetic training set (data.train.source)"
+        if check_files and task["path"] and not Path(task["path"]).exists():
+            yield f"{key}.path", f"local dataset file not found: {task['path']}"
+    train_path = data["train"]["path"]
     if check_files and train_path and not Path(train_path).exists():
-        raise ConfigError(f"{source}: data.train.path: local dataset file not found: {train_path}")
-    roles = {t["role"] for t in data["tasks"].values()}
-    if "on_task" not in roles:
-        raise ConfigError(f"{source}: data.tasks: at least one task needs role 'on_task'")
-    for name, mode in config["precisions"].items():
-        if mode.get("autocast") and mode["autocast"] == mode["param_dtype"]:
-            raise ConfigError(
-                f"{source}: precisions.{name}.autocast: autocast to the master dtype is a no-op; use null"
-            )
-    model_source = config["model"]["source"]
-    missing_local = _looks_local(model_source) and not Path(model_source).is_dir()
-    if check_files and model_source != "tiny" and missing_local:
-        raise ConfigError(f"{source}: model.source: local model folder not found: {model_source}")
-    train = config.get("train", {})
-    if train.get("epsilon_high", 0) < train.get("epsilon", 0):
-        raise ConfigError(f"{source}: train.epsilon_high: must be >= train.epsilon (clip-higher)")
+        yield "data.train.path", f"local dataset file not found: {train_path}"
+    if "on_task" not in {t["role"] for t in data["tasks"].values()}:
+        yield "data.tasks", "at least one task needs role 'on_task'"
 
 
-def _looks_local(source: str) -> bool:
-    return source.startswith((".", "/", "~")) or os.path.exists(source)
+def precision_problems(name: str, mode: Mapping) -> Iterator[Problem]:
+    """One arm's consistency: autocast lowers float32 masters to a narrower compute dtype, or is null."""
+    autocast, param = mode.get("autocast"), mode["param_dtype"]
+    key = f"precisions.{name}.autocast"
+    if autocast is None:
+        return
+    if autocast == "float32":
+        yield key, "autocast only lowers precision; float32 is not an autocast dtype (use null)"
+    elif autocast == param:
+        yield key, "autocast to the master dtype is a no-op; use null"
+    elif param != "float32":
+        yield key, f"autocast runs over float32 masters only (param_dtype is {param})"
 
 
-def load_config(path: str | os.PathLike, check_files: bool = True) -> dict:
-    path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            config = yaml.safe_load(fh)
-    except FileNotFoundError as err:
-        raise ConfigError(f"{path}: config file not found") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
-    return validate_config(config, source=str(path), check_files=check_files)
+def train_problems(train: Mapping, world_size: int = 1) -> Iterator[Problem]:
+    """The batch arithmetic TRL needs, the overlong buffer and the clip range."""
+    ga, spg = train["gradient_accumulation_steps"], train["steps_per_generation"]
+    completions = train["prompts_per_step"] * train["num_generations"]
+    if completions % (ga * world_size):
+        yield (
+            "train.gradient_accumulation_steps",
+            f"prompts_per_step * num_generations ({completions}) must be divisible by "
+            f"gradient_accumulation_steps * world_size ({ga} * {world_size})",
+        )
+    if spg % ga:
+        yield "train.steps_per_generation", f"must be a multiple of gradient_accumulation_steps ({ga})"
+    buffer = train["overlong_buffer"]
+    if buffer is not None and buffer >= train["max_completion_length"]:
+        yield (
+            "train.overlong_buffer",
+            f"must be smaller than train.max_completion_length ({train['max_completion_length']})",
+        )
+    if train["epsilon_high"] < train["epsilon"]:
+        yield "train.epsilon_high", f"must be >= train.epsilon ({train['epsilon']}) (clip-higher)"
+
+
+def name_problems(config: Mapping) -> Iterator[Problem]:
+    """Task and arm names must not read as run names (results/eval/{run}/{task}, paths.parse_run)."""
+    runs = set(paths.run_names(config)) | {paths.base_run(d) for d in ("float32", "bfloat16", "float16")}
+    for task in config["data"]["tasks"]:
+        if task in runs:
+            yield f"data.tasks.{task}", f"task name {task!r} is also a run name; rename the task"
+    for name in config["precisions"]:
+        if name == paths.BASE or paths.parse_run(paths.run_name(name, 0)).precision != name:
+            yield f"precisions.{name}", f"arm name {name!r} collides with the base run names; rename it"
+
+
+def model_problems(config: Mapping, check_files: bool = True) -> Iterator[Problem]:
+    source = config["model"]["source"]
+    looks_local = source.startswith((".", "/", "~")) or os.path.exists(source)
+    if check_files and source != "tiny" and looks_local and not Path(source).is_dir():
+        yield "model.source", f"local model folder not found: {source}"
+
+
+RULES: dict[str, Callable[..., Iterator[Problem]]] = {
+    "data": lambda c, files: data_problems(c, files),
+    "precisions": lambda c, _: (p for n, m in c["precisions"].items() for p in precision_problems(n, m)),
+    "train": lambda c, _: train_problems(c["train"]),
+    "names": lambda c, _: name_problems(c),
+    "model": lambda c, files: model_problems(c, files),
+}
+
+
+def config_problems(config: Any, check_files: bool = True) -> list[Problem]:
+    """Every problem of ``config`` (defaults filled in place); schema first, rules only on a valid shape."""
+    if not isinstance(config, dict):
+        return [("<top>", f"the config must be a mapping, got {type(config).__name__}")]
+    problems = schema_problems(config)
+    if problems:
+        return problems
+    return [p for rule in RULES.values() for p in rule(config, check_files)]
+
+
+def _format(problems: Sequence[Problem], source_of: Callable[[str], str]) -> str:
+    lines = [f"{source_of(key)}: {key}: {what}" for key, what in problems]
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def validate_config(config: Any, source: str = DEFAULT_CONFIG, check_files: bool = True) -> dict:
+    """Validate ``config`` in place (filling defaults) and return it; raise ConfigError otherwise."""
+    problems = config_problems(config, check_files)
+    if problems:
+        raise ConfigError(_format(problems, lambda _: source))
+    return config
+
+
+def check_train(train: Mapping, world_size: int = 1) -> None:
+    """Raise ConfigError on the train rules (for the train stage, which knows the real world size)."""
+    problems = list(train_problems(train, world_size))
+    if problems:
+        raise ConfigError(_format(problems, lambda _: "config"))
+
+
+def check_precision(name: str, mode: Mapping) -> None:
+    problems = list(precision_problems(name, mode))
+    if problems:
+        raise ConfigError(_format(problems, lambda _: "config"))
 
 
 def section_hash(*parts: Any) -> str:
     """A short stable hash of config sections, for provenance records."""
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def run_names(config: Mapping) -> list[str]:
-    """'base' plus one run name per (precision, seed), as used under results/eval/."""
-    return ["base"] + [f"{p}-s{s}" for p in config["precisions"] for s in config["seeds"]]
-
-
-def parse_run(run: str) -> tuple[str, int] | None:
-    """Inverse of run naming: 'bf16-s3' -> ('bf16', 3); 'base' -> None."""
-    if run == "base":
-        return None
-    precision, _, seed = run.rpartition("-s")
-    return precision, int(seed)

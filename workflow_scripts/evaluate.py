@@ -1,11 +1,20 @@
-"""Evaluation of one run on one task (rule ``evaluate``) and its KL to the base policy (rule ``kl``).
+"""Evaluation of one run on one task: pass@1 and KL to the run's reference base, one job (``evaluate``).
 
-A run is ``base`` (results/models/base) or ``{precision}-s{seed}`` (results/train/{precision}/seed{seed}/
-model). Every model is loaded in the dtype its safetensors files were saved in (``saved_dtype``): a bf16
-run is evaluated in bf16, which is the point of the experiment; the dtype is recorded in the outputs.
+One job per (run, task) loads the tokenizer, the policy and the reference base once and writes the
+three files of that pair (a second job per pair would pay the start-up, ~5-10 s of imports and a model
+load, again for a few seconds of work). Run names (``paths``): ``base`` (results/models/base in its
+saved dtype, model.dtype), ``base-<dtype>`` (the same weights cast to an arm's param dtype, as training
+starts from them: ``load_model(base, param_dtype)``, what ``precision.load_policy`` does) and
+``{precision}-s{seed}`` (results/train/{precision}/seed{seed}/model, in the dtype it was saved in: a
+bf16 run is evaluated in bf16, which is the point of the experiment).
 
-evaluate = generate -> score -> summarize (separate functions, so scoring and summaries are tested on
-crafted completions):
+Per-arm reference (``reference_run``): a trained run is compared with the base in its arm's starting
+dtype: dJ is paired with the samples of base run ``reference_run`` and KL is measured against the base
+loaded in the arm's param dtype, so a difference measures training, not the cast. A base run is its own
+reference (KL exactly 0: a separate copy of the same weights).
+
+The job = generate -> score -> summarize, then KL (separate functions, so scoring and summaries are
+tested on crafted completions):
 
 - ``generate``: ``eval.n_samples`` samples per problem at ``eval.temperature`` / ``eval.top_p``, the task's
   ``max_new_tokens``, through the backend ``eval.backend`` names:
@@ -20,14 +29,17 @@ crafted completions):
   seconds per check for code tasks and ``eval.verify_timeout`` for the rest; a check that hangs or
   crashes is scored wrong with status timeout/error, never fails the job.
 - ``summarize``: pass@1 and SE, pass@k, status counts, eval-noise variance, paired dJ against the
-  base run (estimators and their rationale: ``passk``).
+  reference base run (estimators and their rationale: ``passk``).
+- KL: ``kl.estimate_kl`` on ``eval.kl_prompts`` prompts x ``eval.kl_samples`` fresh samples of the policy
+  at T=1, top_p=1 (the eval samples are not draws from pi_theta).
 
 Seeds: sampling seed = hash(eval.seed, run, task, purpose) (``derive_seed``), purpose "eval" or "kl".
 Each run/task gets its own reproducible stream, independent of the other runs, so the finite-sample
 noise of two runs' pass@1 is independent and ``eval_noise_var`` is exactly its contribution to an
 across-seed variance (common random numbers across runs would correlate that noise and make the
 correction wrong). KL prompts are a seeded sample that depends on (eval.seed, task) only: every run's KL
-is measured on the same prompts.
+is measured on the same prompts. Both streams are the ones the former separate evaluate and kl jobs
+drew, so merging the jobs changed no number (tested against the pre-merge outputs).
 
 Outputs (results/eval/{run}/):
 
@@ -40,25 +52,32 @@ tokens, end token included), truncated (hit max_new_tokens without an end token)
 max_new_tokens, n_samples}, N (problems), n (samples per problem), pass_at_1, pass_at_1_se, pass_at_k
 {k: {mean, se}} for k in 1, 2, 4, ... <= n and n, eval_noise_var, counts {samples, correct, ok,
 no_answer, timeout, error, truncated}, mean_length, problem_ids and correct_counts (per-problem success
-counts c_i, aligned; the variance analysis reads these, not the parquet), dJ, dJ_se, base_pass_at_1,
-paired_N (null for base: dJ is relative to base), timing {generate_s, score_s, completions_per_s}.
+counts c_i, aligned; the variance analysis reads these, not the parquet), reference_run, dJ, dJ_se,
+base_pass_at_1, paired_N (null for a base run), timing {startup_s (process start to the job's first
+line: interpreter, imports), load_s (tokenizer and models), generate_s, score_s, completions_per_s}.
 
-``{task}.kl.json`` (rule ``kl``; estimator: ``kl``): run, task, policy_dtype, reference_dtype, seed,
+``{task}.kl.json`` (estimator: ``kl``): run, task, reference_run, policy_dtype, reference_dtype, seed,
 temperature 1.0, top_p 1.0, max_new_tokens, k1_mean, k1_se, k3_mean, k3_se, n_prompts, n_samples,
 prompt_ids, per_prompt_k1, per_prompt_k3 (aligned with prompt_ids), mean_length, truncated_frac,
-timing {sample_s, score_s}. Base vs base is exactly 0.
+timing {sample_s, score_s}. A base run against itself is exactly 0.
 
 Standard errors are null (not NaN) where undefined (a single problem or prompt).
 """
 
-from __future__ import annotations
+from workflow_scripts.threads import (
+    limit_threads,
+    log_startup,
+    process_age_s,
+)  # first: sets OpenMP's wait policy
+
+# isort: split
 
 import argparse
+import copy
 import hashlib
 import logging
 import math
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -66,11 +85,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from workflow_scripts import passk
+from workflow_scripts import passk, paths
 from workflow_scripts.atomic import write_json, write_parquet
 from workflow_scripts.generation import Completion, sample_completions, stop_token_ids
-from workflow_scripts.modeling import DTYPES, load_model, load_tokenizer
-from workflow_scripts.rows import Row, read_rows
+from workflow_scripts.modeling import DTYPES, load_model, load_tokenizer, unreadable_safetensors
+from workflow_scripts.rows import Row, read_parquet, read_rows
+from workflow_scripts.smk import main_from
 
 log = logging.getLogger("evaluate")
 
@@ -80,7 +100,6 @@ SAMPLE_COLUMNS = (
 )  # fmt: skip
 STATUS_KEYS = ("ok", "no_answer", "timeout", "error")
 BACKENDS = ("hf", "vllm")
-KL_KEYS = ("kl_prompts", "kl_samples")
 
 
 def derive_seed(base_seed: int, *parts: str) -> int:
@@ -93,7 +112,14 @@ def saved_dtype(model_dir: str | os.PathLike) -> str:
     """The floating dtype a model folder's safetensors hold (the most common one if mixed)."""
     from workflow_scripts.precision import saved_dtypes
 
-    counts = Counter(d for d in saved_dtypes(model_dir).values() if d in DTYPES)
+    try:
+        saved = saved_dtypes(model_dir)
+    except Exception as err:  # a broken file: name it (safetensors' own message names none)
+        bad = unreadable_safetensors(model_dir)
+        if bad is None:
+            raise
+        raise ValueError(f"{bad[0]}: corrupt or truncated safetensors file ({bad[1]})") from err
+    counts = Counter(d for d in saved.values() if d in DTYPES)
     if not counts:
         raise ValueError(f"{model_dir}: no floating-point tensors in the safetensors files")
     if len(counts) > 1:
@@ -105,13 +131,23 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_run_model(model_dir: str | os.PathLike, trust_remote_code: bool = False, device=None):
-    """(model in its saved dtype, on ``device``, eval mode; the dtype's name)."""
-    dtype = saved_dtype(model_dir)
-    model = load_model(model_dir, dtype, trust_remote_code).to(device or default_device()).eval()
+def frozen(model, device=None):
+    """``model`` on ``device``, in eval mode, without gradients (sampling and scoring only)."""
+    model = model.to(device or default_device()).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return model, dtype
+    return model
+
+
+def load_run_model(
+    model_dir: str | os.PathLike, trust_remote_code: bool = False, device=None, dtype: str | None = None
+):
+    """(model in ``dtype`` (default: the dtype it was saved in), on ``device``, eval mode; the dtype's name).
+
+    A dtype other than the saved one is a cast of the saved weights, exactly as ``precision.load_policy``
+    starts an arm from the base (``modeling.load_model`` with the arm's param dtype)."""
+    dtype = dtype or saved_dtype(model_dir)
+    return frozen(load_model(model_dir, dtype, trust_remote_code), device), dtype
 
 
 def _check_backend(backend: str) -> None:
@@ -129,11 +165,18 @@ def generate(
     max_new_tokens: int,
     seed: int,
     trust_remote_code: bool = False,
+    *,
+    model=None,
+    tokenizer=None,
+    dtype: str | None = None,
 ) -> tuple[list[Completion], dict]:
-    """``eval.n_samples`` completions per prompt (prompt-major) and {backend, dtype, generate_s}."""
-    backend = eval_cfg.get("backend", "hf")
+    """``eval.n_samples`` completions per prompt (prompt-major) and {backend, dtype, generate_s}.
+
+    ``model``/``tokenizer``: already loaded ones (hf backend; the evaluate job loads them once for
+    sampling and KL); else loaded from ``model_dir`` in ``dtype`` (default: the saved dtype)."""
+    backend = eval_cfg["backend"]
     _check_backend(backend)
-    tokenizer = load_tokenizer(model_dir, trust_remote_code)
+    tokenizer = tokenizer or load_tokenizer(model_dir, trust_remote_code)
     start = time.perf_counter()
     common = {
         "n_samples": eval_cfg["n_samples"],
@@ -146,7 +189,7 @@ def generate(
         from workflow_scripts.vllm_backend import import_vllm, sample_completions_vllm
 
         import_vllm()  # fail before anything is loaded
-        dtype = saved_dtype(model_dir)
+        dtype = dtype or saved_dtype(model_dir)
         from transformers import GenerationConfig
 
         try:
@@ -158,7 +201,10 @@ def generate(
             model_dir, tokenizer, prompts, dtype=dtype, stop_ids=stops, **common
         )
     else:
-        model, dtype = load_run_model(model_dir, trust_remote_code)
+        if model is None:
+            model, dtype = load_run_model(model_dir, trust_remote_code, dtype=dtype)
+        else:
+            dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
         completions = sample_completions(
             model,
             tokenizer,
@@ -167,7 +213,6 @@ def generate(
             memory_budget_gb=eval_cfg.get("memory_budget_gb"),
             **common,
         )
-        del model
     info = {"backend": backend, "dtype": dtype, "generate_s": round(time.perf_counter() - start, 3)}
     return completions, info
 
@@ -183,8 +228,10 @@ def score(
     workers: int = 1,
     run: str = "",
     task: str = "",
+    settings: dict | None = None,
 ) -> pd.DataFrame:
-    """One row per completion (``SAMPLE_COLUMNS``), verified by the task's verifier."""
+    """One row per completion (``SAMPLE_COLUMNS``), verified by the task's verifier (``settings``: the
+    task's ``verifier`` block, None = the verifier's defaults)."""
     from workflow_scripts.verifiers import verify_batch
 
     timeout = eval_cfg["code_timeout"] if kind == "code" else eval_cfg["verify_timeout"]
@@ -197,6 +244,7 @@ def score(
         timeout=timeout,
         workers=max(1, workers),
         prompts=[r["prompt"] for r in rows_of],
+        settings=settings,
     )
     frame = pd.DataFrame(
         {
@@ -286,70 +334,7 @@ def _finite(obj):
     return obj
 
 
-# ------------------------------------------------------------------------------------ rule entries
-
-
-def evaluate_run(
-    model_dir: str | os.PathLike,
-    data_path: str | os.PathLike,
-    samples_out: str | os.PathLike,
-    summary_out: str | os.PathLike,
-    eval_cfg: dict,
-    task_cfg: dict,
-    run: str,
-    task: str,
-    base_samples: str | os.PathLike | None = None,
-    threads: int = 1,
-    trust_remote_code: bool = False,
-) -> dict:
-    """The ``evaluate`` rule: generate -> score -> summarize, written atomically; returns the summary."""
-    torch.set_num_threads(max(1, threads))
-    rows = read_rows(data_path)
-    if not rows:
-        raise ValueError(f"{data_path}: no problems")
-    kind = task_cfg["kind"]
-    kinds = {r["kind"] for r in rows}
-    if kinds != {kind}:
-        raise ValueError(f"{data_path}: rows have kind(s) {sorted(kinds)} but the task's kind is {kind!r}")
-    seed = derive_seed(eval_cfg["seed"], run, task, "eval")
-    max_new = task_cfg["max_new_tokens"]
-    log.info("%s/%s: %d problems x %d samples, seed %d", run, task, len(rows), eval_cfg["n_samples"], seed)
-    prompts = [r["prompt"] for r in rows]
-    completions, info = generate(model_dir, prompts, eval_cfg, max_new, seed, trust_remote_code)
-    log.info("generated %d completions in %.1fs (%s, %s)", len(completions), info["generate_s"],
-             info["backend"], info["dtype"])  # fmt: skip
-    start = time.perf_counter()
-    samples = score(rows, completions, kind, eval_cfg, workers=threads, run=run, task=task)
-    score_s = time.perf_counter() - start
-    base = pd.read_parquet(base_samples) if base_samples else None
-    summary = summarize(samples, eval_cfg["n_samples"], base)
-    summary.update(
-        run=run,
-        task=task,
-        kind=kind,
-        role=task_cfg.get("role"),
-        backend=info["backend"],
-        dtype=info["dtype"],
-        model_dir=str(model_dir),
-        seed=seed,
-        sampling={
-            "temperature": eval_cfg["temperature"],
-            "top_p": eval_cfg["top_p"],
-            "max_new_tokens": max_new,
-            "n_samples": eval_cfg["n_samples"],
-        },
-        timing={
-            "generate_s": info["generate_s"],
-            "score_s": round(score_s, 3),
-            "completions_per_s": round(len(completions) / max(info["generate_s"], 1e-9), 2),
-        },
-    )
-    summary = _finite(summary)
-    write_parquet(samples_out, samples)
-    write_json(summary_out, summary)
-    log.info("%s/%s: pass@1 %.4f +- %s; counts %s; dJ %s", run, task, summary["pass_at_1"],
-             summary["pass_at_1_se"], summary["counts"], summary["dJ"])  # fmt: skip
-    return summary
+# ------------------------------------------------------------------------------------------ KL
 
 
 def kl_prompt_indices(n_rows: int, k: int, seed: int) -> list[int]:
@@ -360,39 +345,21 @@ def kl_prompt_indices(n_rows: int, k: int, seed: int) -> list[int]:
     return sorted(torch.randperm(n_rows, generator=gen)[:k].tolist())
 
 
-def kl_run(
-    policy_dir: str | os.PathLike,
-    base_dir: str | os.PathLike,
-    data_path: str | os.PathLike,
-    out_path: str | os.PathLike,
-    eval_cfg: dict,
-    task_cfg: dict,
-    run: str,
-    task: str,
-    threads: int = 1,
-    trust_remote_code: bool = False,
-) -> dict:
-    """The ``kl`` rule: KL(pi_run || pi_base) on this task's prompts (``kl.estimate_kl``), atomically."""
+def measure_kl(policy, reference, tokenizer, rows: list[Row], eval_cfg: dict, max_new_tokens: int,
+               run: str, task: str) -> dict:  # fmt: skip
+    """KL(pi_run || pi_reference) on this task's KL prompts (``kl.estimate_kl``), as the kl.json dict."""
     from workflow_scripts.kl import estimate_kl
 
-    torch.set_num_threads(max(1, threads))
-    rows = read_rows(data_path)
-    if not rows:
-        raise ValueError(f"{data_path}: no problems")
     prompt_seed = derive_seed(eval_cfg["seed"], task, "kl-prompts")
     chosen = kl_prompt_indices(len(rows), eval_cfg["kl_prompts"], prompt_seed)
     seed = derive_seed(eval_cfg["seed"], run, task, "kl")
-    tokenizer = load_tokenizer(policy_dir, trust_remote_code)
-    policy, policy_dtype = load_run_model(policy_dir, trust_remote_code)
-    # A separate object even for base vs base (two loads of the same weights: exactly 0).
-    reference, reference_dtype = load_run_model(base_dir, trust_remote_code)
     est = estimate_kl(
         policy,
         reference,
         tokenizer,
         [rows[i]["prompt"] for i in chosen],
         n_samples=eval_cfg["kl_samples"],
-        max_new_tokens=task_cfg["max_new_tokens"],
+        max_new_tokens=max_new_tokens,
         batch_size=eval_cfg["batch_size"],
         seed=seed,
         memory_budget_gb=eval_cfg.get("memory_budget_gb"),
@@ -402,64 +369,190 @@ def kl_run(
     out.update(
         run=run,
         task=task,
-        policy_dtype=policy_dtype,
-        reference_dtype=reference_dtype,
         seed=seed,
         temperature=1.0,
         top_p=1.0,
-        max_new_tokens=task_cfg["max_new_tokens"],
+        max_new_tokens=max_new_tokens,
         prompt_ids=[str(rows[i]["id"]) for i in chosen],
         timing=timing,
     )
-    out = _finite(out)
-    write_json(out_path, out)
-    log.info("%s/%s: KL k1 %.4g +- %s, k3 %.4g +- %s (%d prompts x %d)", run, task, out["k1_mean"],
-             out["k1_se"], out["k3_mean"], out["k3_se"], out["n_prompts"], out["n_samples"])  # fmt: skip
     return out
 
 
-# ---------------------------------------------------------------------------------------------- CLI
+# ------------------------------------------------------------------------------------ the stage
 
 
-def run_model_dir(run: str, results: str | os.PathLike = "results") -> Path:
-    """The model folder a run name refers to (the same mapping as the rules' ``get_model_dir``)."""
-    from workflow_scripts.config import parse_run
+def _dtype_of(model) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
-    parsed = parse_run(run)
-    if parsed is None:
-        return Path(results) / "models" / "base"
-    precision, seed = parsed
-    return Path(results) / "train" / precision / f"seed{seed}" / "model"
+
+def load_pair(policy_dir: str | os.PathLike, reference_dir: str | os.PathLike, policy_dtype: str | None,
+              reference_dtype: str | None, trust_remote_code: bool = False):  # fmt: skip
+    """(policy, reference): each loaded once, in eval mode. The same folder in the same dtype (a base
+    run) gives the reference as a copy of the policy: a separate object with the same weights."""
+    policy, policy_dtype = load_run_model(policy_dir, trust_remote_code, dtype=policy_dtype)
+    reference_dtype = reference_dtype or policy_dtype
+    if Path(reference_dir).resolve() == Path(policy_dir).resolve() and reference_dtype == policy_dtype:
+        return policy, copy.deepcopy(policy)
+    reference, _ = load_run_model(reference_dir, trust_remote_code, dtype=reference_dtype)
+    return policy, reference
+
+
+def _read_task_rows(data_path: str | os.PathLike, kind: str) -> list[Row]:
+    rows = read_rows(data_path)
+    if not rows:
+        raise ValueError(f"{data_path}: no problems")
+    kinds = {r["kind"] for r in rows}
+    if kinds != {kind}:
+        raise ValueError(f"{data_path}: rows have kind(s) {sorted(kinds)} but the task's kind is {kind!r}")
+    return rows
+
+
+def run(
+    *,
+    model: str | os.PathLike,
+    base: str | os.PathLike,
+    data: str | os.PathLike,
+    samples_out: str | os.PathLike,
+    summary_out: str | os.PathLike,
+    kl_out: str | os.PathLike,
+    eval_cfg: dict,
+    task_cfg: dict,
+    run: str,
+    task: str,
+    reference_run: str | None = None,
+    policy_dtype: str | None = None,
+    reference_dtype: str | None = None,
+    base_samples: str | os.PathLike | None = None,
+    threads: int = 1,
+    trust_remote_code: bool = False,
+) -> tuple[dict, dict]:
+    """The ``evaluate`` rule: one (run, task) -> samples, summary and KL files, written atomically.
+
+    ``model`` in ``policy_dtype`` (None: as saved) is the policy; ``base`` in ``reference_dtype`` (None:
+    the policy's dtype) the KL reference; ``base_samples`` (the reference run's samples of this task)
+    pairs dJ. Returns (summary, kl)."""
+    startup_s = process_age_s()
+    limit_threads(threads)
+    reference_run = reference_run or run
+    kind = task_cfg["kind"]
+    rows = _read_task_rows(data, kind)
+    max_new = task_cfg["max_new_tokens"]
+    prompts = [r["prompt"] for r in rows]
+    seed = derive_seed(eval_cfg["seed"], run, task, "eval")
+    log.info("%s/%s: %d problems x %d samples, seed %d", run, task, len(rows), eval_cfg["n_samples"], seed)
+    start = time.perf_counter()
+    tokenizer = load_tokenizer(model, trust_remote_code)
+    load_s = time.perf_counter() - start
+    completions = info = None
+    if eval_cfg["backend"] == "vllm":  # vLLM holds the GPU while it samples: models after it
+        completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code,
+                                     tokenizer=tokenizer, dtype=policy_dtype)  # fmt: skip
+    start = time.perf_counter()
+    policy, reference = load_pair(model, base, policy_dtype, reference_dtype, trust_remote_code)
+    load_s += time.perf_counter() - start
+    log_startup(startup_s, load_s)
+    log.info("%s/%s: started after %.1fs, tokenizer and models loaded in %.1fs (policy %s, reference %s)",
+             run, task, startup_s, load_s, _dtype_of(policy), _dtype_of(reference))  # fmt: skip
+    if completions is None:
+        completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code, model=policy,
+                                     tokenizer=tokenizer, dtype=_dtype_of(policy))  # fmt: skip
+    log.info("generated %d completions in %.1fs (%s, %s)", len(completions), info["generate_s"],
+             info["backend"], info["dtype"])  # fmt: skip
+    start = time.perf_counter()
+    samples = score(rows, completions, kind, eval_cfg, workers=threads, run=run, task=task,
+                    settings=task_cfg.get("verifier"))  # fmt: skip
+    score_s = time.perf_counter() - start
+    paired = read_parquet(base_samples) if base_samples and reference_run != run else None
+    summary = summarize(samples, eval_cfg["n_samples"], paired)
+    summary.update(
+        run=run,
+        task=task,
+        kind=kind,
+        role=task_cfg.get("role"),
+        backend=info["backend"],
+        dtype=info["dtype"],
+        model_dir=str(model),
+        seed=seed,
+        reference_run=reference_run,
+        sampling={
+            "temperature": eval_cfg["temperature"],
+            "top_p": eval_cfg["top_p"],
+            "max_new_tokens": max_new,
+            "n_samples": eval_cfg["n_samples"],
+        },
+        timing={
+            "startup_s": round(startup_s, 3),
+            "load_s": round(load_s, 3),
+            "generate_s": info["generate_s"],
+            "score_s": round(score_s, 3),
+            "completions_per_s": round(len(completions) / max(info["generate_s"], 1e-9), 2),
+        },
+    )
+    summary = _finite(summary)
+    kl = measure_kl(policy, reference, tokenizer, rows, eval_cfg, max_new, run, task)
+    kl.update(
+        reference_run=reference_run, policy_dtype=_dtype_of(policy), reference_dtype=_dtype_of(reference)
+    )
+    kl = _finite(kl)
+    write_parquet(samples_out, samples)
+    write_json(summary_out, summary)
+    write_json(kl_out, kl)
+    log.info("%s/%s: pass@1 %.4f +- %s; counts %s; dJ %s vs %s", run, task, summary["pass_at_1"],
+             summary["pass_at_1_se"], summary["counts"], summary["dJ"], reference_run)  # fmt: skip
+    log.info("%s/%s: KL k1 %.4g +- %s, k3 %.4g +- %s (%d prompts x %d) vs %s in %s", run, task, kl["k1_mean"],
+             kl["k1_se"], kl["k3_mean"], kl["k3_se"], kl["n_prompts"], kl["n_samples"], reference_run,
+             kl["reference_dtype"])  # fmt: skip
+    return summary, kl
+
+
+def from_snakemake(smk) -> None:
+    run(
+        model=smk.input.model,
+        base=smk.input.base,
+        data=smk.input.data,
+        samples_out=smk.output.samples,
+        summary_out=smk.output.summary,
+        kl_out=smk.output.kl,
+        eval_cfg=dict(smk.params.eval),
+        task_cfg=dict(smk.params.task),
+        run=smk.wildcards.run,
+        task=smk.wildcards.task,
+        base_samples=smk.input.get("base_samples"),
+        threads=smk.threads,
+        trust_remote_code=smk.params.trust_remote_code,
+        **dict(smk.params.reference),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Evaluate a run on a task (pass@1) or its KL to base.")
-    parser.add_argument("what", choices=["evaluate", "kl"])
+    parser = argparse.ArgumentParser(
+        description="Evaluate a run on a task: pass@1 and KL to its reference base."
+    )
     parser.add_argument("--config", default="config.yaml")
-    parser.add_argument("--run", default="base")
+    parser.add_argument("--run", default=paths.BASE)
     parser.add_argument("--task", required=True)
-    parser.add_argument("--results", default="results")
+    parser.add_argument("--results", default=paths.RESULTS)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from workflow_scripts.config import load_config
 
     config = load_config(args.config)
-    res = Path(args.results)
-    task_cfg = config["data"]["tasks"][args.task]
-    data = res / "data" / "eval" / f"{args.task}.jsonl"
-    out = res / "eval" / args.run
-    trust = config["model"]["trust_remote_code"]
-    if args.what == "evaluate":
-        base = None if args.run == "base" else out.parent / "base" / f"{args.task}.samples.parquet"
-        evaluate_run(run_model_dir(args.run, res), data, out / f"{args.task}.samples.parquet",
-                     out / f"{args.task}.json", config["eval"], task_cfg, args.run, args.task, base,
-                     args.threads, trust)  # fmt: skip
-    else:
-        kl_run(run_model_dir(args.run, res), run_model_dir("base", res), data, out / f"{args.task}.kl.json",
-               config["eval"], task_cfg, args.run, args.task, args.threads, trust)  # fmt: skip
+    res = args.results
+    reference = paths.reference_spec(config, args.run)
+    paired = None
+    if reference["reference_run"] != args.run:
+        paired = paths.eval_samples(reference["reference_run"], args.task, res)
+    run(model=paths.model_dir(args.run, res), base=paths.base_model_dir(res),
+        data=paths.eval_data(args.task, res), samples_out=paths.eval_samples(args.run, args.task, res),
+        summary_out=paths.eval_summary(args.run, args.task, res),
+        kl_out=paths.kl_summary(args.run, args.task, res),
+        eval_cfg=config["eval"], task_cfg=config["data"]["tasks"][args.task], run=args.run, task=args.task,
+        base_samples=paired, threads=args.threads, trust_remote_code=config["model"]["trust_remote_code"],
+        **reference)  # fmt: skip
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_from(globals())

@@ -2,10 +2,10 @@
 
 `snakemake --cores 32 --resources gpu=4` caps how many GPUs the running jobs ask for in total, but
 Snakemake does not say *which* devices a job gets: without this module every job would see all devices
-and load onto device 0. A GPU stage wraps its work in ``gpu_slot(n)``:
+and load onto device 0. Every job runs its stage inside ``gpu_slot(n)`` (``smk.main_from`` does it):
 
     with gpu_slot(snakemake.resources.get("gpu", 0)):
-        train_run(...)
+        module.from_snakemake(snakemake)
 
 which takes ``n`` free slots (device indices), sets ``CUDA_VISIBLE_DEVICES`` to them for the job (and
 the processes it starts, e.g. `accelerate launch`), and gives them back when the block ends.
@@ -209,5 +209,5 @@ def acquire_gpu(
 def gpu_slot(
     n_gpus: int | None, lock_dir: str | os.PathLike | None = None
 ) -> contextlib.AbstractContextManager[list[int]]:
-    """What a stage adapter calls: ``with gpu_slot(snakemake.resources.get("gpu", 0)):``."""
+    """What ``smk.main_from`` wraps every job in: ``with gpu_slot(snakemake.resources.get("gpu", 0)):``."""
     return acquire_gpu(int(n_gpus or 0), lock_dir=lock_dir)

@@ -5,13 +5,15 @@
 - ``build_tiny_llama``: a small Llama-architecture causal LM (the default base model).
 - ``load_model`` / ``load_tokenizer``: a local folder or a hub id, always with an explicit dtype
   (transformers 5 would otherwise take the dtype saved in the config), safetensors only, and
-  ``trust_remote_code`` off unless the config turns it on.
+  ``trust_remote_code`` off unless the config turns it on. A failure names what could not be read: the
+  broken ``*.safetensors`` file of a truncated or corrupt folder, else the folder or hub id.
 """
 
 from __future__ import annotations
 
 import os
 import string
+from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -69,7 +71,10 @@ def build_tiny_llama(vocab_size: int, tiny_cfg: dict, tokenizer) -> LlamaForCaus
 
 
 def load_tokenizer(source: str | os.PathLike, trust_remote_code: bool = False):
-    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(f"{source}: cannot load the tokenizer ({type(err).__name__}: {err})") from err
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -90,10 +95,32 @@ def load_model(
 
         cfg = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         overrides = {k: dropout for k in dropout_keys(cfg)}
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True, **overrides
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True, **overrides
+        )
+    except Exception as err:
+        bad = unreadable_safetensors(source)
+        if bad is not None:
+            raise ValueError(f"{bad[0]}: corrupt or truncated safetensors file ({bad[1]})") from err
+        raise ValueError(f"{source}: cannot load the model ({type(err).__name__}: {err})") from err
     return model
+
+
+def unreadable_safetensors(source: str | os.PathLike) -> tuple[Path, str] | None:
+    """The first ``*.safetensors`` file of a local folder whose header or size is broken, with why."""
+    from safetensors import safe_open
+
+    folder = Path(source)
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                fh.keys()
+        except Exception as err:  # SafetensorError is not exported under a stable name
+            return path, str(err)
+    return None
 
 
 def dropout_keys(config) -> list[str]:

@@ -1,4 +1,4 @@
-"""Cross-seed overlap of update masks: do different seeds move the same weights?
+"""The overlap stage: do different seeds of one arm move the same weights (Jaccard of update masks)?
 
 For one precision, each seed's fine-tuned checkpoint is diffed against the shared base with the
 eta rule of ``workflow_scripts.sparsity`` (same float64 semantics, NaN/inf rules and fast path), and
@@ -20,8 +20,6 @@ jaccard_chance, ratio`` (jaccard is NaN when the union is empty; ratio is NaN wh
 ``sparsity.module_type``).
 """
 
-from __future__ import annotations
-
 import argparse
 import itertools
 import math
@@ -37,25 +35,28 @@ import pandas as pd
 import torch
 
 from workflow_scripts.atomic import write_parquet
-from workflow_scripts.sparsity import (
-    DEFAULT_CHUNK_ELEMS,
-    DEFAULT_ETAS,
+from workflow_scripts.checkpoint_io import (
     DEFAULT_WINDOW_BYTES,
-    EtaPlan,
     TensorMismatchError,
     TensorPair,
     WindowReader,
-    Workspace,
-    changed_masks,
     checkpoint_tensors,
-    module_type,
-    narrower_float,
     pair_tensors,
     row_windows,
-    spans_of,
-    torch_threads,
     window_elems_for,
 )
+from workflow_scripts.smk import main_from
+from workflow_scripts.sparsity import add_diff_options, default_etas, diff_options, module_type
+from workflow_scripts.sparsity_kernel import (
+    DEFAULT_CHUNK_ELEMS,
+    EtaPlan,
+    Workspace,
+    changed_masks,
+    narrower_float,
+    spans_of,
+    torch_threads,
+)
+from workflow_scripts.threads import log_startup, process_age_s
 
 COLUMNS = [
     "precision", "seed_a", "seed_b", "eta", "numel", "intersection", "union", "jaccard",
@@ -78,7 +79,7 @@ class _Counts:
         self.inter = np.zeros((n_pairs, n_etas), dtype=np.int64)
         self.union = np.zeros((n_pairs, n_etas), dtype=np.int64)
 
-    def add(self, other: _Counts) -> None:
+    def add(self, other: "_Counts") -> None:
         self.numel += other.numel
         self.changed += other.changed
         self.inter += other.inter
@@ -111,7 +112,7 @@ def _plan(
 def compute_overlap(
     base: str | os.PathLike,
     finals: Mapping[int, str | os.PathLike],
-    etas: Sequence[float] = DEFAULT_ETAS,
+    etas: Sequence[float] | None = None,
     precision: str = "",
     *,
     window_bytes: int = DEFAULT_WINDOW_BYTES,
@@ -124,7 +125,7 @@ def compute_overlap(
     ``threads`` worker threads split each window, and ``cast_base_to_final`` measures from the run's
     real start point, as in ``sparsity.diff_checkpoints``.
     """
-    plan = EtaPlan.make(etas)
+    plan = EtaPlan.make(default_etas() if etas is None else etas)
     seeds = sorted(finals)
     if not seeds:
         raise ValueError("no final checkpoints given")
@@ -229,6 +230,58 @@ def by_module_path(out: str | os.PathLike) -> Path:
     return out.with_name(out.name.removesuffix(".parquet") + ".by_module.parquet")
 
 
+def run(
+    base: str | os.PathLike,
+    finals: Mapping[int, str | os.PathLike],
+    precision: str,
+    out: str | os.PathLike,
+    by_module_out: str | os.PathLike | None = None,
+    etas: Sequence[float] | None = None,
+    threads: int = 1,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    cast_base_to_final: bool = True,
+) -> pd.DataFrame:
+    """The stage: seed-pair overlap of ``finals`` (seed -> model folder) into ``out`` (+ per module).
+
+    ``cast_base_to_final`` defaults on in the workflow and the CLI alike (see sparsity.run).
+    """
+    log_startup(process_age_s())
+    start = time.perf_counter()
+    whole, by_mod = compute_overlap(
+        base,
+        finals,
+        etas,
+        precision,
+        window_bytes=window_bytes,
+        threads=threads,
+        cast_base_to_final=cast_base_to_final,
+    )
+    write_parquet(out, whole)
+    write_parquet(by_module_out or by_module_path(out), by_mod)
+    if len(finals) < 2:
+        print("overlap: fewer than two seeds, no pairs to compare", file=sys.stderr)
+    for row in whole.itertuples():
+        print(
+            f"overlap {row.precision} seeds {row.seed_a},{row.seed_b} eta {row.eta:g}: "
+            f"J={row.jaccard:.4g} chance={row.jaccard_chance:.4g} ratio={row.ratio:.3g}",
+            file=sys.stderr,
+        )
+    print(f"overlap: {time.perf_counter() - start:.1f}s -> {out}", file=sys.stderr)
+    return whole
+
+
+def from_snakemake(smk) -> None:
+    run(
+        smk.input.base,
+        dict(zip(map(int, smk.params.seeds), smk.input.finals, strict=True)),
+        smk.wildcards.precision,
+        smk.output.table,
+        smk.output.by_module,
+        etas=list(smk.params.etas),
+        threads=smk.threads,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m workflow_scripts.overlap",
@@ -240,14 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", required=True, help="precision label written to the 'precision' column")
     p.add_argument("--out", required=True, help="e.g. results/sparsity/bf16/overlap.parquet")
     p.add_argument("--by-module-out", help="per-module table (default: <out stem>.by_module.parquet)")
-    p.add_argument("--etas", type=float, nargs="+", default=list(DEFAULT_ETAS), help="relative tolerances")
-    p.add_argument("--window-mb", type=int, default=DEFAULT_WINDOW_BYTES >> 20, help="total read window")
-    p.add_argument(
-        "--cast-base-to-final",
-        action="store_true",
-        help="compare against the base cast to a narrower final dtype (the run's real start point)",
-    )
-    p.add_argument("--threads", type=int, default=1, help="worker threads (e.g. the rule's {threads})")
+    add_diff_options(p)
     return p
 
 
@@ -258,29 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds has {len(args.seeds)} entries but --finals has {len(args.finals)}")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds has duplicates: {args.seeds}")
-    start = time.perf_counter()
-    whole, by_mod = compute_overlap(
+    run(
         args.base,
         dict(zip(args.seeds, args.finals, strict=True)),
-        args.etas,
         args.precision,
-        window_bytes=args.window_mb << 20,
-        threads=args.threads,
-        cast_base_to_final=args.cast_base_to_final,
+        args.out,
+        args.by_module_out,
+        **diff_options(args),
     )
-    write_parquet(args.out, whole)
-    write_parquet(args.by_module_out or by_module_path(args.out), by_mod)
-    if len(args.seeds) < 2:
-        print("overlap: fewer than two seeds, no pairs to compare", file=sys.stderr)
-    for row in whole.itertuples():
-        print(
-            f"overlap {row.precision} seeds {row.seed_a},{row.seed_b} eta {row.eta:g}: "
-            f"J={row.jaccard:.4g} chance={row.jaccard_chance:.4g} ratio={row.ratio:.3g}",
-            file=sys.stderr,
-        )
-    print(f"overlap: {time.perf_counter() - start:.1f}s -> {args.out}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main_from(globals())

@@ -11,7 +11,8 @@ is a new config entry, never a code change.
 |               | parameter: bfloat16 masters => bfloat16 optimizer state, no fp32 copy   | load_model),     |
 |               | anywhere). Checked at start and end: any trainable tensor of another    | check_param_     |
 |               | dtype is an error. The saved weights are read back from the safetensors | dtypes,          |
-|               | headers and checked too.                                                | saved_dtypes     |
+|               | headers and checked too.                                                | check_saved_     |
+|               |                                                                         | dtypes           |
 | autocast      | null: no autocast anywhere. TRL's GRPOConfig turns bf16 autocast ON by  | trainer_         |
 |               | default, so bf16=False, fp16=False are ALWAYS passed. bfloat16/float16: | precision_args,  |
 |               | accelerate's native mixed precision (bf16=True / fp16=True), i.e.       | check_supported, |
@@ -29,11 +30,11 @@ is a new config entry, never a code change.
 | dropout       | every ``*dropout*`` key of the model config (Llama: attention_dropout;  | load_policy      |
 |               | other architectures: hidden/embedding/residual dropouts) set to this    |                  |
 |               | value; TRL's disable_dropout stays off so the config value is what runs.|                  |
-|               | TRL never switches to eval mode: dropout is active in the rollouts and  |                  |
-|               | in the old-log-prob pass, so dropout > 0 alone makes the policy ratio   |                  |
-|               | differ from 1 and lowers the rollout reward (tiny default, bf16, 40     |                  |
-|               | steps: clip fraction 5.6% / reward 0.029 with dropout 0.1, 0% / 0.063   |                  |
-|               | with dropout 0). The KL log and evaluation sample in eval mode.         |                  |
+|               | Dropout acts ONLY in the loss forward: rollouts and the old-log-prob    | grpo_trainer.    |
+|               | pass run in eval mode (``grpo_trainer.sampling_mode``), as vLLM samples |  sampling_mode   |
+|               | at paper scale. (TRL alone samples in train mode: at the base, dropout  |                  |
+|               | 0.1 cut rollout reward 0.117 -> 0.023.) The KL log and evaluation       |                  |
+|               | sample in eval mode too.                                                |                  |
 | (always)      | TF32 off (allow_tf32=False for matmul and cuDNN, float32 matmul         | apply_           |
 |               | precision "highest"): a float32 arm computes in IEEE fp32 on Ampere+.   | determinism      |
 
@@ -51,27 +52,13 @@ from pathlib import Path
 
 import torch
 
-from workflow_scripts.modeling import dropout_keys, load_model, torch_dtype
+from workflow_scripts.config import check_precision
+from workflow_scripts.dtypes import dtype_name, from_safetensors, torch_dtype
+from workflow_scripts.modeling import dropout_keys, load_model
 
 
 class PrecisionError(RuntimeError):
     """A precision mode that cannot be honoured (unsupported on this device, or a dtype check failed)."""
-
-
-_SAFETENSORS_DTYPES = {
-    "F32": "float32",
-    "BF16": "bfloat16",
-    "F16": "float16",
-    "F64": "float64",
-    "I64": "int64",
-    "I32": "int32",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -91,23 +78,10 @@ class PrecisionMode:
             deterministic=bool(entry.get("deterministic", False)),
             dropout=float(entry.get("dropout", 0.0)),
         )
+        check_precision(name, entry)  # the config's autocast rules (config.py), ConfigError
         torch_dtype(mode.param_dtype)
         if mode.autocast is not None:
             torch_dtype(mode.autocast)
-            if mode.autocast == "float32":
-                raise PrecisionError(
-                    f"precisions.{name}.autocast: autocast only lowers precision; "
-                    "float32 is not an autocast dtype (use null)"
-                )
-            if mode.autocast == mode.param_dtype:
-                raise PrecisionError(
-                    f"precisions.{name}.autocast: autocast to the master dtype is a no-op; use null"
-                )
-            if mode.param_dtype != "float32":
-                raise PrecisionError(
-                    f"precisions.{name}.autocast: autocast runs over float32 masters only "
-                    f"(param_dtype is {mode.param_dtype})"
-                )
         return mode
 
     @property
@@ -182,10 +156,9 @@ def apply_determinism(mode: PrecisionMode) -> dict:
 
 
 def load_policy(model_dir: str | os.PathLike, mode: PrecisionMode, trust_remote_code: bool = False):
-    """The policy in exactly ``param_dtype`` with the mode's dropout on every dropout key; dtypes checked."""
-    model = load_model(model_dir, mode.param_dtype, trust_remote_code=trust_remote_code, dropout=mode.dropout)
-    check_param_dtypes(model, mode)
-    return model
+    """The policy in ``param_dtype`` with the mode's dropout on every dropout key (the caller checks the
+    dtypes once with ``check_param_dtypes`` and records them)."""
+    return load_model(model_dir, mode.param_dtype, trust_remote_code=trust_remote_code, dropout=mode.dropout)
 
 
 def trainable_dtypes(model) -> dict[str, str]:
@@ -223,8 +196,19 @@ def saved_dtypes(model_dir: str | os.PathLike) -> dict[str, str]:
         with safe_open(str(path), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 - safe_open is not a Mapping
                 code = fh.get_slice(key).get_dtype()
-                out[key] = _SAFETENSORS_DTYPES.get(code, code)
+                out[key] = from_safetensors(code)
     return out
+
+
+def check_saved_dtypes(model_dir: str | os.PathLike, mode: PrecisionMode) -> dict[str, str]:
+    """Every tensor written to ``model_dir`` must be ``param_dtype`` (read from the safetensors headers)."""
+    written = saved_dtypes(model_dir)
+    wrong = {n: d for n, d in written.items() if d != mode.param_dtype}
+    if wrong:
+        raise PrecisionError(
+            f"{model_dir}: saved tensors not in {mode.param_dtype}: {sorted(wrong.items())[:8]}"
+        )
+    return written
 
 
 def summarize_dtypes(dtypes: Mapping[str, str]) -> dict[str, int]:

@@ -1,51 +1,73 @@
 """prepare_data stage: training prompts, held-out and off-task evaluation sets, the warm-start pool.
 
 Outputs (under ``--out``): train.jsonl, eval/{task}.jsonl, sft.jsonl, prepare.json (counts,
-including how many training prompts were dropped as duplicates of an evaluation prompt).
+including how many training prompts were dropped as duplicates of a REAL evaluation prompt, and how many
+bad dataset records were skipped under ``data.on_bad_row: skip``; the default ``error`` stops the
+stage at the first bad record, naming file, line and field).
 """
-
-from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 
-from workflow_scripts import synthetic
+from workflow_scripts import paths, synthetic
 from workflow_scripts.atomic import write_json
 from workflow_scripts.config import load_config, section_hash
 from workflow_scripts.real_datasets import load_dataset_rows
-from workflow_scripts.rows import Row, write_rows
+from workflow_scripts.rows import Row, read_rows, write_rows
+from workflow_scripts.smk import main_from
 
 log = logging.getLogger("prepare_data")
 
 
-def build_eval_sets(data_cfg: dict) -> dict[str, list[Row]]:
-    """Every configured evaluation task's rows, in config order."""
-    train = data_cfg["train"]
-    sets: dict[str, list[Row]] = {}
-    for name, task in data_cfg["tasks"].items():
-        source = task["source"]
-        if source == "train_val":
-            rows = synthetic.generate(train["family"], task.get("n", train["val_n"]), data_cfg["seed"], name)
-        elif source == "synthetic":
-            rows = synthetic.generate(task["family"], task.get("n", 200), data_cfg["seed"], name)
-        else:
-            rows = load_dataset_rows(source, name, task.get("path"), task.get("n"))
-        for row in rows:
-            row["kind"] = task["kind"]
-        if not rows:
-            raise ValueError(f"data.tasks.{name}: produced no rows")
-        sets[name] = rows
-    return sets
+SYNTHETIC_SOURCES = ("train_val", "synthetic")
 
 
-def build_train_set(data_cfg: dict) -> list[Row]:
-    train = data_cfg["train"]
-    if train["source"] == "synthetic":
-        rows = synthetic.generate(train["family"], train["n"], data_cfg["seed"], "train")
+def real_tasks(data_cfg: dict) -> list[str]:
+    """Tasks from real (hub/local) datasets: the only eval sets training data can collide with.
+
+    Synthetic eval sets are held out by construction (synthetic.on_side), so the training set and
+    the warm-start pool depend on the real eval sets only, and adding a synthetic task reruns nothing
+    upstream of its own evaluation.
+    """
+    return [name for name, task in data_cfg["tasks"].items() if task["source"] not in SYNTHETIC_SOURCES]
+
+
+def build_eval_set(data_cfg: dict, name: str, skipped: dict[str, list[str]] | None = None) -> list[Row]:
+    """One evaluation task's rows (bad records skipped -> ``skipped[name]``)."""
+    train, task = data_cfg.get("train"), data_cfg["tasks"][name]
+    skipped = {} if skipped is None else skipped
+    source = task["source"]
+    if source == "train_val":
+        rows = synthetic.generate(train["family"], task.get("n", train["val_n"]), data_cfg["seed"], name)
+    elif source == "synthetic":
+        rows = synthetic.generate(task["family"], task.get("n", 200), data_cfg["seed"], name)
     else:
-        rows = load_dataset_rows(train["source"], "train", train.get("path"), train["n"])
+        rows = load_dataset_rows(
+            source, name, task.get("path"), task.get("n"), _on_bad_row(data_cfg), skipped.setdefault(name, [])
+        )
+    for row in rows:
+        row["kind"] = task["kind"]
+    if not rows:
+        raise ValueError(f"data.tasks.{name}: produced no rows")
+    return rows
+
+
+def build_eval_sets(data_cfg: dict, skipped: dict[str, list[str]] | None = None) -> dict[str, list[Row]]:
+    """Every configured evaluation task's rows, in config order (bad records skipped -> ``skipped``)."""
+    return {name: build_eval_set(data_cfg, name, skipped) for name in data_cfg["tasks"]}
+
+
+def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None) -> list[Row]:
+    train = data_cfg["train"]
+    skipped = {} if skipped is None else skipped
+    if train["source"] == "synthetic":
+        rows = synthetic.generate(train["family"], train["n"], data_cfg["seed"], "train", side="train")
+    else:
+        rows = load_dataset_rows(
+            train["source"], "train", train.get("path"), train["n"], _on_bad_row(data_cfg),
+            skipped.setdefault("train", []),
+        )  # fmt: skip
     for row in rows:
         row["kind"] = train["kind"]
     return rows
@@ -67,21 +89,70 @@ def deduplicate(train: list[Row], eval_sets: dict[str, list[Row]]) -> tuple[list
     return kept, dropped
 
 
+def run(data: dict, out: str | Path, tasks: list[str] | None = None, train: bool = True) -> dict:
+    """The stage: eval sets of ``tasks`` (None = every task) and, if ``train``, train/sft/prepare.json.
+
+    The workflow runs it per task (``prepare_eval``: one task, ``train=False``) and once for the
+    training side (``prepare_train``: ``tasks=[]``; the real eval sets it deduplicates against are
+    read from ``out/eval/``, its inputs). The CLI runs everything.
+    """
+    out = Path(out)
+    skipped: dict[str, list[str]] = {}
+    names = list(data["tasks"]) if tasks is None else tasks
+    built = {name: build_eval_set(data, name, skipped) for name in names}
+    for name, rows in built.items():
+        write_rows(out / "eval" / f"{name}.jsonl", rows)
+        log.info("eval set %s: %d rows", name, len(rows))
+    if not train:
+        _warn_skipped(skipped)
+        return {"eval": {name: len(rows) for name, rows in built.items()}}
+    real = {}
+    for name in real_tasks(data):
+        if name in built:
+            real[name] = built[name]
+            continue
+        real[name] = read_rows(out / "eval" / f"{name}.jsonl")
+        if _on_bad_row(data) == "skip":  # its prepare_eval job skipped them: count them in prepare.json
+            build_eval_set(data, name, skipped)
+    return prepare_train(data, out, real, {name: len(rows) for name, rows in built.items()}, skipped)
+
+
+def from_snakemake(smk) -> None:
+    """prepare_eval: one task's eval set; prepare_train: the training side (rules/prepare_data.smk)."""
+    if smk.rule == "prepare_eval":
+        out = Path(smk.output.eval).parent.parent
+        run(dict(smk.params.data), out, tasks=[smk.wildcards.task], train=False)
+    else:
+        run(dict(smk.params.data), Path(smk.output.train).parent, tasks=[])
+
+
+def _on_bad_row(data_cfg: dict) -> str:
+    return data_cfg["on_bad_row"]  # schema default: "error"
+
+
 def prepare(data_cfg: dict, out: Path) -> dict:
-    eval_sets = build_eval_sets(data_cfg)
-    train = build_train_set(data_cfg)
+    """Every data set of ``data_cfg`` into ``out`` (what the workflow's prepare rules do together)."""
+    return run(data_cfg, out)
+
+
+def prepare_train(
+    data_cfg: dict,
+    out: Path,
+    real_eval_sets: dict[str, list[Row]],
+    eval_counts: dict[str, int],
+    skipped: dict[str, list[str]],
+) -> dict:
+    """train.jsonl (deduplicated against the REAL eval sets), sft.jsonl and prepare.json."""
+    train = build_train_set(data_cfg, skipped)
     n_before = len(train)
-    dropped = dict.fromkeys(eval_sets, 0)
+    dropped = dict.fromkeys(real_eval_sets, 0)
     if data_cfg["dedup"]:
-        train, dropped = deduplicate(train, eval_sets)
+        train, dropped = deduplicate(train, real_eval_sets)
     if not train:
         raise ValueError("data.train: no training rows left after deduplication")
-    eval_prompts = [row["prompt"] for rows in eval_sets.values() for row in rows]
+    eval_prompts = [row["prompt"] for rows in real_eval_sets.values() for row in rows]
     sft_mix = data_cfg.get("sft_mix") or {data_cfg["train"]["family"]: 1.0}
     sft = synthetic.sample_mix(sft_mix, data_cfg["sft_n"], data_cfg["seed"], exclude=eval_prompts)
-
-    for task, rows in eval_sets.items():
-        write_rows(out / "eval" / f"{task}.jsonl", rows)
     write_rows(out / "sft.jsonl", sft)
     write_rows(out / "train.jsonl", train)
     summary = {
@@ -92,24 +163,36 @@ def prepare(data_cfg: dict, out: Path) -> dict:
             "dropped_total": sum(dropped.values()),
             "dropped_by_eval_task": dropped,
         },
-        "eval": {task: len(rows) for task, rows in eval_sets.items()},
+        "eval": eval_counts,
         "sft": {"rows": len(sft), "mix": sft_mix},
+        "bad_rows": {
+            "policy": _on_bad_row(data_cfg),
+            "skipped": sum(len(m) for m in skipped.values()),
+            "by_task": {task: len(m) for task, m in skipped.items() if m},
+            "first": [m for ms in skipped.values() for m in ms][:20],  # file:line: field ...
+        },
     }
     write_json(out / "prepare.json", summary)
     log.info("train rows %d (dropped %d duplicates of eval prompts)", len(train), sum(dropped.values()))
+    _warn_skipped(skipped)
     return summary
+
+
+def _warn_skipped(skipped: dict[str, list[str]]) -> None:
+    first = [m for ms in skipped.values() for m in ms]
+    if first:
+        log.warning("skipped %d bad dataset records (data.on_bad_row: skip): %s", len(first), first[:3])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="config.yaml")
-    parser.add_argument("--out", default="results/data")
+    parser.add_argument("--out", default=str(paths.data_dir()))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    config = load_config(args.config)
-    prepare(config["data"], Path(args.out))
+    run(load_config(args.config)["data"], args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_from(globals())

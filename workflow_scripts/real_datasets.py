@@ -1,7 +1,11 @@
 """Loaders for the real RLVR datasets, each mapped to the unified row schema.
 
-A dataset is read from a local parquet/jsonl/json copy when a path is given, otherwise from the
-Hugging Face hub by id (GPU boxes with network; offline machines get a clear error instead).
+A dataset is read from a local parquet/jsonl/json/csv copy when a path is given (``rows.iter_records``:
+values as written, each record's file:line known), otherwise from the Hugging Face hub by id (GPU
+boxes with network; offline machines get a clear error instead). Every record is validated: its
+dataset's required columns present and non-empty, the mapped row's prompt and answer non-empty
+(answers stay strings exactly as written). A bad record is a ``DataError`` naming file, line and
+field, or, with ``on_bad_row="skip"`` (config ``data.on_bad_row``), skipped and reported.
 
 | name      | hub id (config, split)                       | columns used                         | kind  |
 |-----------|----------------------------------------------|--------------------------------------|-------|
@@ -18,15 +22,15 @@ Hugging Face hub by id (GPU boxes with network; offline machines get a clear err
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from workflow_scripts.rows import DataError, Row, iter_records, make_row
 
-from workflow_scripts.rows import Row, make_row
+ON_BAD_ROW = ("error", "skip")
 
 MATH_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 GSM8K_TEMPLATE = "Question: {question}\nSolve step by step and end with '#### <number>'.\nAnswer:"
@@ -61,6 +65,8 @@ def _dapo(rec: dict, idx: int, task: str) -> Row:
     reward_model = rec["reward_model"]
     if isinstance(reward_model, str):
         reward_model = json.loads(reward_model)
+    if _empty(reward_model.get("ground_truth")):
+        raise ValueError("field 'reward_model.ground_truth' is missing or empty")
     extra = rec.get("extra_info") or {}
     if isinstance(extra, str):
         extra = json.loads(extra)
@@ -96,7 +102,7 @@ def _amc23(rec: dict, idx: int, task: str) -> Row:
 def _gsm8k(rec: dict, idx: int, task: str) -> Row:
     solution = str(rec["answer"])
     if "####" not in solution:
-        raise ValueError(f"gsm8k row {idx}: answer has no '####' final answer")
+        raise ValueError("field 'answer' has no '####' final answer")
     final = solution.rsplit("####", 1)[1].strip().replace(",", "")
     return make_row(
         f"{task}-{idx:05d}",
@@ -111,6 +117,10 @@ def _gsm8k(rec: dict, idx: int, task: str) -> Row:
 def _mmlu(rec: dict, idx: int, task: str) -> Row:
     choices = list(rec["choices"])
     letters = "ABCDEFGHIJ"[: len(choices)]
+    if not str(rec["answer"]).strip().isdigit() or int(rec["answer"]) >= len(choices):
+        raise ValueError(
+            f"field 'answer' must be an index into the {len(choices)} choices, got {rec['answer']!r}"
+        )
     options = "\n".join(f"{letter}. {choice}" for letter, choice in zip(letters, choices, strict=True))
     return make_row(
         f"{task}-{idx:05d}",
@@ -169,29 +179,33 @@ DATASETS: dict[str, DatasetSpec] = {
 
 
 def read_local(path: str | os.PathLike) -> list[dict]:
-    """Records from a local parquet, jsonl or json copy of a dataset."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: dataset file not found")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        frame = pd.read_parquet(path)
-    elif suffix in (".jsonl", ".json"):
-        frame = pd.read_json(path, lines=suffix == ".jsonl")
-    else:
-        raise ValueError(f"{path}: unsupported dataset format {suffix!r} (use .parquet, .jsonl or .json)")
-    return [_plain(rec) for rec in frame.to_dict(orient="records")]
+    """Records from a local parquet, jsonl, json or csv copy of a dataset, values as written."""
+    return [record for _, record in iter_records(path)]
 
 
-def _plain(value: Any) -> Any:
-    """numpy arrays / scalars from parquet -> plain Python (lists, dicts, str, int)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if hasattr(value, "tolist"):
-        return _plain(value.tolist())
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+def _empty(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float):
+        return math.isnan(value)
+    if isinstance(value, str | list | dict | tuple):
+        return not (value.strip() if isinstance(value, str) else value)
+    return False
+
+
+def _validate(rec: dict, columns: tuple[str, ...]) -> None:
+    for column in columns:
+        if column not in rec:
+            raise ValueError(f"field {column!r} is missing")
+        if _empty(rec[column]):
+            raise ValueError(f"field {column!r} is empty")
+
+
+def _validate_row(row: Row) -> None:
+    if not row["prompt"].strip():
+        raise ValueError("the prompt is empty")
+    if row["kind"] != "code" and not row["answer"].strip():
+        raise ValueError("the answer is empty")
 
 
 def read_hub(spec: DatasetSpec) -> list[dict]:
@@ -211,18 +225,49 @@ def read_hub(spec: DatasetSpec) -> list[dict]:
     return records
 
 
-def load_dataset_rows(name: str, task: str, path: str | None = None, limit: int | None = None) -> list[Row]:
-    """Rows of real dataset ``name`` for ``task``, from ``path`` or the hub, capped at ``limit``."""
+def load_dataset_rows(
+    name: str,
+    task: str,
+    path: str | None = None,
+    limit: int | None = None,
+    on_bad_row: str = "error",
+    skipped: list[str] | None = None,
+) -> list[Row]:
+    """Rows of real dataset ``name`` for ``task``, from ``path`` or the hub, capped at ``limit``.
+
+    A bad record raises ``DataError`` ("file:line: field 'answer' is empty"); with
+    ``on_bad_row="skip"`` it is left out and its message appended to ``skipped``.
+    """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)}")
+    if on_bad_row not in ON_BAD_ROW:
+        raise ValueError(f"on_bad_row={on_bad_row!r}; expected one of {ON_BAD_ROW}")
     spec = DATASETS[name]
-    records = read_local(path) if path else read_hub(spec)
-    where = path or spec.hub_id
-    if records:
-        missing = [c for c in spec.columns if c not in records[0]]
+    if path:
+        located = list(iter_records(path))
+    else:
+        located = [(f"{spec.hub_id} record {i}", rec) for i, rec in enumerate(read_hub(spec), 1)]
+    if located:  # a column no record has: the wrong file or format, not a bad row
+        missing = [c for c in spec.columns if not any(c in rec for _, rec in located)]
         if missing:
-            raise ValueError(f"{where}: {name} needs column(s) {missing}; found {sorted(records[0])}")
+            raise DataError(
+                f"{path or spec.hub_id}: {name} needs column(s) {missing}; found {sorted(located[0][1])}"
+            )
     if spec.keep is not None:
-        records = [rec for rec in records if spec.keep(rec)]
-    rows = [spec.to_row(rec, i, task) for i, rec in enumerate(records)]
+        located = [(where, rec) for where, rec in located if spec.keep(rec)]
+    rows: list[Row] = []
+    for i, (where, rec) in enumerate(located):
+        try:
+            _validate(rec, spec.columns)
+            row = spec.to_row(rec, i, task)
+            _validate_row(row)
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as err:
+            reason = f"field {err} is missing" if isinstance(err, KeyError) else str(err)
+            message = f"{where}: {name}: {reason}"
+            if on_bad_row == "skip":
+                if skipped is not None:
+                    skipped.append(message)
+                continue
+            raise DataError(message) from err
+        rows.append(row)
     return rows[:limit] if limit else rows

@@ -1,25 +1,17 @@
-"""The analysis outputs that state conclusions: stats.json (``write_stats``) and report.md (``render``).
+"""The analysis_report stage: report.md, the verdicts in words a reader can check against their tables.
 
-``write_stats`` runs ``stats.analyze`` on the tidy table with config ``analysis`` and the precision order
-(reference first) and writes the JSON-safe result (plus a ``source`` block: the table and its size).
+Order: the design in one paragraph; the training-worked gate (passed or not, with its numbers, and what
+it means for the verdicts); the verdict table (each verdict with the numbers it rests on and its power
+or minimal detectable ratio, MDE); one paragraph per hypothesis; excluded (diverged) runs and how the
+verdicts treat them; the seed-variance components; key numbers (classical tests); training,
+representable-update fraction and sparsity per precision; cross-seed overlap of the update masks; the
+figures (``figure_list``: name and the first sentence of its caption); warnings.
 
-The report puts the verdicts first, then the numbers behind them.
-
-Sections: the design in one paragraph (arms, seeds, tasks); per hypothesis the verdict, its reason, the
-decision rule and a power line (power of the BF decision now, seeds per arm needed for ``power_target``,
-from ``stats.power``); key-number tables per task type and per task (mean and variance of dJ, variance
-ratio with bootstrap CI, BF and TOST p, KL); per precision training and sparsity summaries; the mixed
-model's LRTs; the figure list; warnings (from stats.analyze plus data checks on the tidy table: verifier
-timeouts and errors, truncation, missing KL, a run evaluated in an unexpected dtype).
-
-It only formats what ``stats.analyze`` decided, so the report and stats.json cannot disagree.
+It only formats what ``stats.analyze`` decided (stats.json), so the report and stats.json cannot
+disagree.
 """
 
-from __future__ import annotations
-
 import argparse
-import json
-import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -28,259 +20,152 @@ from typing import Any
 
 import pandas as pd
 
-from workflow_scripts.aggregate import CHANGED_PREFIX
+from workflow_scripts import paths
 from workflow_scripts.atomic import write_text
-from workflow_scripts.stats import analyze
+from workflow_scripts.figure_list import note
+from workflow_scripts.report_tables import (
+    components_section,
+    data_warnings,
+    fmt,
+    get,
+    numbers_section,
+    overlap_section,
+    ratio_with_ci,
+    table,
+    training_section,
+)
+from workflow_scripts.rows import read_json, read_parquet
+from workflow_scripts.smk import main_from, parse_pairs
 
 HYPOTHESES = {
-    "H1": ("on-task performance is insensitive to precision (E and Var of dJ similar)", "on_task", "dJ"),
-    "H2": ("off-task performance is sensitive: Var[dJ] across seeds larger", "off_task", "dJ"),
-    "H3": ("off-task KL to the base policy drifts more (Var of KL k3 larger)", "off_task", "kl_k3"),
+    "H1": (
+        "on-task performance is insensitive to precision (mean and seed variance of dJ equivalent)",
+        "on_task",
+        "dJ",
+    ),
+    "H2": ("off-task performance is sensitive: the seed variance of dJ is larger", "off_task", "dJ"),
+    "H3": (
+        "off-task KL to the base policy drifts more: the seed variance of KL k3 is larger (on-task KL "
+        "stays leashed)",
+        "off_task",
+        "kl",
+    ),
 }
-FIGURE_NOTES = {
-    "dJ_by_task": "dJ per task, one dot per seed, by precision",
-    "variance_ratios": "variance ratios (arm / reference) of dJ and KL with bootstrap CIs",
-    "kl_by_task": "KL (k3) to the base policy per task",
-    "sparsity_by_module": "changed and bf16-equal fractions per module type",
-    "sparsity_vs_eta": "whole-model changed fraction against eta",
-    "training_curves": "training curves per precision (mean over seeds, band +-1 SD)",
-}
-# data checks: fraction of samples above which a warning is raised
-TRUNCATION_WARN = 0.5
-NO_ANSWER_WARN = 0.5
-VERIFIER_FAIL_WARN = 0.0
-# a task whose base pass@1 is outside this band cannot show a change in one direction (design.md)
-BASE_J_BAND = (0.05, 0.95)
 
 
-def fmt(x: Any, digits: int = 3) -> str:
-    """Compact number, 'n/a' for missing or non-finite values."""
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return "n/a"
-    if not math.isfinite(x):
-        return "n/a"
-    return f"{x:.{digits}g}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def _get(obj: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(k)
-    return obj
-
-
-def _ratio_ci(var: Mapping | None) -> str:
-    boot = _get(var, "bootstrap") or {}
-    ratio = fmt(_get(var, "ratio"))
-    if boot.get("status") == "ok":
-        return f"{ratio} [{fmt(boot['ratio_ci_low'])}, {fmt(boot['ratio_ci_high'])}]"
-    return ratio
-
-
-def _p(block: Mapping | None) -> str:
-    return fmt(block.get("p")) if isinstance(block, Mapping) and block.get("status") == "ok" else "n/a"
-
-
-# ----------------------------------------------------------------------------- sections
-
-
-def power_line(stats: Mapping, scope: str, quantity: str, arm: str) -> str:
-    """'With n seeds per arm ... power ... seeds needed ...' for one hypothesis and arm."""
-    block = _get(stats, "power", scope, arm, quantity) or {}
-    what = f"{scope.replace('_', '-')} {'dJ' if quantity == 'dJ' else 'KL k3'}"
-    if block.get("status") != "ok":
-        reason = block.get("reason") or "not computed"
-        return f"power ({arm}, {what}): not computed ({reason})"
-    n = min(block["n_seeds"])
-    target = block.get("target", 0.8)
-    parts = []
-    for ratio, r in (block.get("ratios") or {}).items():
-        need = r.get("seeds_needed")
-        need_s = f"{need} seeds per arm" if need else f"more than {block.get('max_seeds')} seeds per arm"
-        parts.append(f"{ratio}x ratio: power {fmt(r.get('power_now'), 2)} now, {need_s} for {target:.0%}")
-    return f"power ({arm}, {what}, Brown-Forsythe with {n} seeds per arm): " + "; ".join(parts)
-
-
-def verdict_section(stats: Mapping) -> str:
-    arms = stats.get("precisions") or []
-    ref, others = (arms[0], arms[1:]) if arms else ("n/a", [])
-    out = ["## Verdicts", ""]
-    verdicts = stats.get("verdicts") or {}
-    summary = [
-        [h, text, f"**{_get(verdicts, h, 'verdict') or 'n/a'}**", _get(verdicts, h, "reason") or ""]
-        for h, (text, _, _) in HYPOTHESES.items()
-    ]
-    out += [_table(["", "hypothesis", "verdict", "reason"], summary), ""]
-    for h, (text, scope, quantity) in HYPOTHESES.items():
-        v = verdicts.get(h) or {}
-        out.append(f"### {h}: {v.get('verdict', 'n/a')}")
-        out.append("")
-        out.append(f"- Hypothesis: {text} ({', '.join(others) or 'no other arm'} vs {ref}).")
-        out.append(f"- Reason: {v.get('reason', 'n/a')}")
-        by_arm = v.get("by_arm") or {}
-        if len(by_arm) > 1:
-            for arm, av in by_arm.items():
-                out.append(f"  - {arm}: {av.get('verdict')} ({av.get('reason')})")
-        for arm in others:
-            out.append(f"- {power_line(stats, scope, quantity, arm)}")
-        if v.get("rule"):
-            out.append(f"- Rule: {v['rule']}")
-        out.append("")
-    return "\n".join(out)
-
-
-def _scope_rows(
-    stats: Mapping, scope: Mapping, label: str, metrics: pd.DataFrame, tasks: Sequence[str]
-) -> list[list[str]]:
-    """Key-number rows of one scope, one per arm; mean J = mean over the scope's tasks and the arm's runs."""
-    rows = []
-    ref = scope.get("reference")
-    for arm, block in (scope.get("arms") or {}).items():
-        dj = block.get("dJ") or {}
-        kl = block.get("kl_k3") or {}
-        comp = (scope.get("comparisons") or {}).get(arm) or {}
-        is_ref = arm == ref
-        sel = (
-            metrics[metrics["task"].isin(tasks) & (metrics["precision"] == arm)] if len(metrics) else metrics
+def gate_section(stats: Mapping) -> str:
+    g = stats.get("gate") or {}
+    if g.get("passed"):
+        verdict = (
+            f"**Passed.** {g.get('reason')}. The verdicts below are tested; H1's mean margin is "
+            f"±{fmt(g.get('margin'))} ({fmt(g.get('mean_margin_fraction'))} of this gain)."
         )
-        mean_j = fmt(sel["J"].mean()) if len(sel) else "n/a"
-        rows.append(
-            [
-                label,
-                arm,
-                str(block.get("n_seeds", 0)),
-                mean_j,
-                f"{fmt(dj.get('mean'))} ± {fmt(dj.get('se'), 2)}",
-                fmt(dj.get("var")),
-                fmt(dj.get("var_corrected")),
-                "ref" if is_ref else _ratio_ci(comp.get("dJ_var")),
-                "" if is_ref else _p(_get(comp, "dJ_var", "brown_forsythe")),
-                "" if is_ref else fmt(_get(comp, "dJ_mean", "tost", "p")),
-                fmt(kl.get("mean")),
-                "ref" if is_ref else _ratio_ci(comp.get("kl_var")),
-                "" if is_ref else _p(_get(comp, "kl_var", "brown_forsythe")),
-            ]
+    else:
+        verdict = (
+            f"**Not passed.** {g.get('reason') or 'no reference arm or no on-task task'}. Every "
+            "hypothesis is therefore 'not testable': with no on-task gain, equal on-task change and "
+            "larger off-task spread say nothing about precision. The numbers below are descriptive."
         )
-    return rows
-
-
-KEY_HEADER = [
-    "scope",
-    "arm",
-    "seeds",
-    "mean J",
-    "mean dJ ± SE",
-    "Var dJ",
-    "Var dJ (noise-corr.)",
-    "Var ratio [CI]",
-    "BF p",
-    "TOST p",
-    "mean KL k3",
-    "KL Var ratio [CI]",
-    "BF p (KL)",
-]
-
-
-def numbers_section(stats: Mapping, metrics: pd.DataFrame) -> str:
-    out = [
-        "## Key numbers",
-        "",
-        "Across seeds: mean dJ ± SE, variance (raw; noise-corrected = minus the mean eval-sampling "
-        "variance), ratio of variances arm / reference with its bootstrap CI; BF = Brown-Forsythe; "
-        "TOST = equivalence of mean dJ within the margin.",
-        "",
-    ]
-    by_type = stats.get("by_task_type") or {}
-    rows = []
-    for t, scope in by_type.items():
-        label = f"{t} ({', '.join(scope.get('tasks') or [])})"
-        rows += _scope_rows(stats, scope, label, metrics, scope.get("tasks") or [])
-    if rows:
-        out += [
-            "### By task type (the unit: one mean over the type's tasks per run)",
-            "",
-            _table(KEY_HEADER, rows),
-            "",
-        ]
-    rows = []
-    for task, scope in (stats.get("by_task") or {}).items():
-        rows += _scope_rows(stats, scope, task, metrics, [task])
-    if rows:
-        out += ["### By task (descriptive, no multiplicity correction)", "", _table(KEY_HEADER, rows), ""]
-    base = metrics[metrics["run"] == "base"] if len(metrics) else metrics
-    if len(base):
-        out += [
-            "Base policy pass@1: "
-            + ", ".join(f"{t} {fmt(j)}" for t, j in zip(base["task"], base["J"], strict=True)),
-            "",
-        ]
-    return "\n".join(out)
-
-
-def training_section(metrics: pd.DataFrame, precisions: Sequence[str]) -> str:
-    """Per-precision means over seeds of the run-level training and sparsity columns."""
-    trained = metrics[metrics["precision"].notna()] if len(metrics) else metrics
-    if trained.empty:
-        return ""
-    runs = trained.drop_duplicates("run")
-    changed = [c for c in runs.columns if c.startswith(CHANGED_PREFIX)]
-    cols = [
-        ("train_steps", "steps"),
-        ("train_wall_s", "wall s"),
-        ("reward_first10", "reward first 10%"),
-        ("reward_last10", "reward last 10%"),
-        ("informative_frac_mean", "informative frac"),
-        ("clip_region_mean", "clip frac"),
-        ("clip_region_last10", "clip frac last 10%"),
-        ("train_kl_k3_final", "final train KL k3"),
-        *((c, f"changed (η={c.removeprefix(CHANGED_PREFIX)})") for c in changed),
-        ("equal_bf16_frac", "bf16-equal frac"),
-    ]
-    cols = [(c, n) for c, n in cols if c in runs.columns and runs[c].notna().any()]
-    order = [p for p in precisions if p in set(runs["precision"])]
-    order += [p for p in runs["precision"].unique() if p not in order]
-    rows = []
-    for p in order:
-        sel = runs[runs["precision"] == p]
-        rows.append([p, str(len(sel)), *(fmt(sel[c].mean()) for c, _ in cols)])
     return "\n".join(
         [
-            "## Training and update sparsity (mean over seeds)",
+            "## Gate: did training improve the on-task score?",
             "",
-            _table(["precision", "seeds", *(n for _, n in cols)], rows),
+            f"The reference arm's on-task dJ must be significantly above 0 (one-sided t across seeds "
+            f"at alpha {fmt(g.get('alpha'))}, the base's eval noise included). {verdict}",
             "",
         ]
     )
 
 
-def mixed_model_section(stats: Mapping) -> str:
-    mm = stats.get("mixed_model") or {}
-    out = ["## Mixed model (evidence using every task)", ""]
-    if mm.get("status") in ("skipped", "failed"):
-        reason = mm.get("reason") or "; ".join(filter(None, mm.get("messages") or []))
-        out += [f"{mm.get('status')}: {reason or 'no reason given'}", ""]
-        return "\n".join(out)
-    out.append(f"Model: {mm.get('formula')}; random: {mm.get('random')} (status {mm.get('status')}).")
-    out.append("")
-    for t, lrt in (mm.get("lrt") or {}).items():
-        line = f"- {t}: LRT of per-precision vs pooled seed variance: "
-        if lrt.get("status") in ("ok", "warning"):
-            line += f"chi2 {fmt(lrt.get('statistic'))}, df {lrt.get('df')}, p {fmt(lrt.get('p'))}"
-            line += " (fit warnings)" if lrt.get("status") == "warning" else ""
-        else:
-            line += f"{lrt.get('status')}"
-        out.append(line)
-    for arm, per_type in (mm.get("seed_var") or {}).items():
-        out.append(f"- seed variance {arm}: " + ", ".join(f"{t} {fmt(v)}" for t, v in per_type.items()))
+def _power(comp: Mapping, h: str) -> tuple[str, str]:
+    """(power / MDE, seeds needed) cells of the verdict table for one arm's comparison."""
+    p = comp.get("power") or {}
+    if p.get("status") != "ok":
+        return f"n/a ({p.get('reason') or 'no model fit'})", "n/a"
+    target = f"{p['target']:.0%}"
+    mde = (
+        f"MDE {fmt(p['mde_ratio'])}x"
+        if p.get("mde_ratio")
+        else f"MDE > {max(map(float, p['power_by_ratio'])):g}x"
+    )
+    if h == "H1":
+        need = p.get("seeds_needed_equivalence")
+        return (
+            f"equivalence power {fmt(p.get('equivalence_power'), 2)}; {mde} at {target}",
+            f"{need or '> ' + str(p['max_seeds'])} (equivalence at {target})",
+        )
+    need = p.get("seeds_needed_r0")
+    return (
+        f"power at r0={fmt(p['r0'])}: {fmt(p.get('power_at_r0'), 2)}; {mde} at {target}",
+        f"{need or '> ' + str(p['max_seeds'])} (ratio r0 at {target})",
+    )
+
+
+def verdict_section(stats: Mapping) -> str:
+    arms = stats.get("precisions") or []
+    ref, others = (arms[0], arms[1:]) if arms else ("n/a", [])
+    verdicts = stats.get("verdicts") or {}
+    model = stats.get("mixed_model") or {}
+    rows = []
+    for h, (_, role, q) in HYPOTHESES.items():
+        for arm in others or ["n/a"]:
+            comp = get(model, role, q, "comparisons", arm) or {}
+            v = get(verdicts, h, "by_arm", arm, "verdict") or get(verdicts, h, "verdict") or "n/a"
+            ratio = ratio_with_ci(comp) if comp.get("status") == "ok" else "n/a"
+            pw, need = _power(comp, h)
+            rows.append([h, f"{arm} vs {ref}", f"**{v}**", ratio, fmt(comp.get("p")), pw, need])
+    out = [
+        "## Verdicts",
+        "",
+        "Ratio = seed-variance component arm / reference of the mixed model (dJ for H1/H2, KL k3 for H3) "
+        "with its 95% profile interval; p = one-sided test of equal seed variances (parametric bootstrap); "
+        "MDE = smallest ratio detected with the target power at these seeds.",
+        "",
+        table(
+            ["", "comparison", "verdict", "ratio [95% CI]", "p", "power / MDE", "seeds per arm needed"], rows
+        ),
+        "",
+    ]
+    for h, (text, _, _) in HYPOTHESES.items():
+        v = verdicts.get(h) or {}
+        out += [
+            f"### {h}: {v.get('verdict', 'n/a')}",
+            "",
+            f"- Hypothesis: {text} ({', '.join(others) or 'no other arm'} vs {ref}).",
+            f"- Why: {v.get('reason', 'n/a')}",
+        ]
+        by_arm = v.get("by_arm") or {}
+        if len(by_arm) > 1:
+            out += [f"  - {arm}: {av.get('verdict')} ({av.get('reason')})" for arm, av in by_arm.items()]
+        if v.get("rule"):
+            out.append(f"- Rule: {v['rule']} (r0 = {fmt(get(stats, 'config', 'variance_ratio_margin'))}).")
+        out.append("")
+    return "\n".join(out)
+
+
+def excluded_section(stats: Mapping, metrics: pd.DataFrame) -> str:
+    ex = stats.get("excluded_runs") or {}
+    total = int(metrics.loc[metrics["precision"].notna(), "run"].nunique()) if len(metrics) else 0
+    out = ["## Diverged runs", ""]
+    if (
+        "diverged" not in metrics.columns
+        or metrics.loc[metrics["precision"].notna(), "diverged"].isna().all()
+    ):
+        out.append(
+            "Not checked: these results predate the training health record (run.json has no 'health'); "
+            "no run was excluded."
+        )
+    elif not ex.get("count"):
+        out.append(f"None of the {total} trained runs diverged; every run enters the verdicts.")
+    else:
+        out.append(
+            f"{ex['count']} of {total} trained runs diverged and are **excluded** from every test and "
+            "verdict (a collapsed policy's dJ measures the collapse, not precision); paired comparisons "
+            "use the seeds both arms kept:"
+        )
+        out += [
+            f"- {run}: {(ex.get('reasons') or {}).get(run) or 'marked diverged'}" for run in ex["diverged"]
+        ]
     out.append("")
     return "\n".join(out)
 
@@ -292,56 +177,8 @@ def figures_section(figures: Mapping[str, str | os.PathLike], report_path: str |
     out = ["## Figures", ""]
     for name, path in figures.items():
         rel = os.path.relpath(Path(path).resolve(), here)
-        out.append(f"- [{name}]({rel}): {FIGURE_NOTES.get(name, '')}".rstrip(": "))
-    out.append("")
-    return "\n".join(out)
-
-
-def data_warnings(metrics: pd.DataFrame) -> list[str]:
-    """Problems in the tidy table that the statistics do not see (they would bias dJ or KL silently)."""
-    if metrics.empty:
-        return ["the metrics table is empty"]
-    warn = []
-    for col, what in (("timeout_frac", "verifier timeouts"), ("error_frac", "verifier errors")):
-        if col in metrics.columns:
-            bad = metrics[metrics[col].fillna(0) > VERIFIER_FAIL_WARN]
-            if len(bad):
-                worst = bad.loc[bad[col].idxmax()]
-                warn.append(
-                    f"{what} in {len(bad)} run x task(s) (worst {worst['run']}/{worst['task']}: "
-                    f"{worst[col]:.1%} of samples, scored wrong)"
-                )
-    sample_checks = (
-        ("truncated_frac", TRUNCATION_WARN, "over {:.0%} of samples hit max_new_tokens in {} run x task(s) "
-         "(tasks {}): raise the task's max_new_tokens"),
-        ("no_answer_frac", NO_ANSWER_WARN, "no answer could be extracted from over {:.0%} of samples in {} "
-         "run x task(s) (tasks {}): check the prompt format and max_new_tokens"),
-    )  # fmt: skip
-    for col, limit, message in sample_checks:
-        if col in metrics.columns:
-            bad = metrics[metrics[col].fillna(0) > limit]
-            if len(bad):
-                warn.append(message.format(limit, len(bad), sorted(set(bad["task"]))))
-    base = metrics[metrics["run"] == "base"]
-    lo, hi = BASE_J_BAND
-    for task, j in zip(base["task"], base["J"], strict=True):
-        if pd.notna(j) and not lo <= j <= hi:
-            side = "floor" if j < lo else "ceiling"
-            warn.append(
-                f"{task}: base pass@1 {j:.3g} is at the {side} (outside {lo:g}-{hi:g}): dJ can hardly move "
-                f"{'down' if side == 'floor' else 'up'}, so its variance says little about H1/H2"
-            )
-    trained = metrics[metrics["precision"].notna()]
-    if "kl_k3" in metrics.columns and trained["kl_k3"].isna().any():
-        warn.append(f"KL k3 missing for {int(trained['kl_k3'].isna().sum())} trained run x task(s)")
-    if "dJ" in metrics.columns and trained["dJ"].isna().any():
-        warn.append(f"dJ missing for {int(trained['dJ'].isna().sum())} trained run x task(s)")
-    if "dtype" in metrics.columns:
-        dtypes = trained.groupby("precision")["dtype"].agg(lambda s: sorted(set(s.dropna())))
-        mixed = {p: d for p, d in dtypes.items() if len(d) > 1}
-        if mixed:
-            warn.append(f"runs of one precision were evaluated in different dtypes: {mixed}")
-    return warn
+        out.append(f"- [{name}]({rel}): {note(name)}".rstrip(": "))
+    return "\n".join([*out, ""])
 
 
 def render(
@@ -350,6 +187,7 @@ def render(
     figures: Mapping[str, str | os.PathLike],
     report_path: str | os.PathLike,
     precisions: Sequence[str] = (),
+    overlap: pd.DataFrame | None = None,
 ) -> str:
     """The whole report.md text."""
     arms = stats.get("precisions") or list(precisions)
@@ -361,91 +199,89 @@ def render(
         "# rlvr-precision: analysis report",
         "",
         f"Reference arm **{stats.get('reference', 'n/a')}**; compared: {', '.join(arms[1:]) or 'none'}. "
-        f"Seeds per arm: {seeds or 'n/a'}. Tasks by type: {tasks or 'n/a'}. "
-        f"alpha {cfg.get('alpha')}, TOST margin ±{cfg.get('tost_margin')}, variance-ratio margin "
-        f"{cfg.get('variance_ratio_margin')}, eval-noise source: {stats.get('eval_noise_source', 'n/a')}. "
-        "dJ = pass@1(trained) − pass@1(base); the unit of replication is the training seed.",
+        f"Seeds per arm (after exclusions): {seeds or 'n/a'}. Tasks by role: {tasks or 'n/a'}. "
+        f"alpha {cfg.get('alpha')}, H1 mean margin {cfg.get('mean_margin_fraction')} of the reference "
+        f"gain, variance-ratio margin r0 {cfg.get('variance_ratio_margin')}, eval-noise source: "
+        f"{stats.get('eval_noise_source', 'n/a')}. dJ = pass@1(trained) − pass@1(base in the arm's param "
+        "dtype); the unit of replication is the training seed.",
         "",
     ]
     warnings = list(stats.get("warnings") or []) + data_warnings(metrics)
     parts = [
         "\n".join(head),
+        gate_section(stats),
         verdict_section(stats),
+        excluded_section(stats, metrics),
+        components_section(stats),
         numbers_section(stats, metrics),
         training_section(metrics, arms),
-        mixed_model_section(stats),
+        overlap_section(overlap if overlap is not None else pd.DataFrame(), arms),
         figures_section(figures, report_path),
         "\n".join(["## Warnings", "", *([f"- {w}" for w in warnings] or ["- none"]), ""]),
     ]
     return "\n".join(p for p in parts if p).rstrip() + "\n"
 
 
-# ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- stage
 
 
-def write_stats(
-    metrics_path: str | os.PathLike,
+def run(
+    *,
+    stats: str | os.PathLike,
+    metrics: str | os.PathLike,
     out: str | os.PathLike,
-    cfg: Mapping | None,
+    figures: Mapping[str, str | os.PathLike],
     precisions: Sequence[str] = (),
-) -> dict:
-    """stats.json = stats.analyze(metrics, cfg, precisions) + source; strict JSON (no NaN)."""
-    metrics = pd.read_parquet(metrics_path)
-    result = analyze(metrics, cfg, precisions=list(precisions) or None)
-    result["source"] = {
-        "metrics": str(metrics_path),
-        "rows": len(metrics),
-        "runs": int(metrics["run"].nunique()),
-    }
-    write_text(out, json.dumps(result, indent=2, allow_nan=False) + "\n")
-    return result
+    overlap: str | os.PathLike | None = None,
+) -> str:
+    """The analysis_report stage: report.md from stats.json and the aggregate tables."""
+    content: Any = read_json(stats)
+    ov = read_parquet(overlap) if overlap else None
+    text = render(content, read_parquet(metrics), figures, out, precisions, ov)
+    write_text(out, text)
+    print(f"report: {len(text.splitlines())} lines -> {out}", file=sys.stderr)
+    return text
 
 
-def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"{flag}: expected NAME=VALUE, got {item!r}")
-        out[name] = value
-    return out
+def from_snakemake(smk: Any) -> None:
+    figures = dict(zip(smk.params.figures, smk.input.figures, strict=True))
+    run(
+        stats=smk.input.stats,
+        metrics=smk.input.metrics,
+        out=smk.output.report,
+        figures=figures,
+        precisions=list(smk.params.precisions),
+        overlap=smk.input.overlap,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
+    analysis = paths.analysis_dir()
     p = argparse.ArgumentParser(
         prog="python -m workflow_scripts.report",
-        description="stats.json from the tidy table, or report.md from stats.json.",
+        description="report.md from stats.json and the aggregate tables.",
     )
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("stats", help="metrics.parquet -> stats.json (stats.analyze)")
-    s.add_argument("--metrics", required=True, help="results/analysis/metrics.parquet")
-    s.add_argument("--config", help="a JSON object: config 'analysis' section (defaults: stats.DEFAULTS)")
-    s.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
-    s.add_argument("--out", required=True, help="results/analysis/stats.json")
-    r = sub.add_parser("markdown", help="stats.json + metrics.parquet -> report.md")
-    r.add_argument("--stats", required=True, help="results/analysis/stats.json")
-    r.add_argument("--metrics", required=True, help="results/analysis/metrics.parquet")
-    r.add_argument("--figure", nargs="*", default=[], metavar="NAME=PATH", help="figures to list")
-    r.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
-    r.add_argument("--out", required=True, help="results/analysis/report.md")
+    p.add_argument("--stats", default=str(analysis / "stats.json"))
+    p.add_argument("--metrics", default=str(analysis / "metrics.parquet"))
+    p.add_argument("--overlap", help="overlap.parquet")
+    p.add_argument("--figure", nargs="*", default=[], metavar="NAME=PATH", help="figures to list")
+    p.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
+    p.add_argument("--out", default=str(analysis / "report.md"))
     args = p.parse_args(argv)
-    if args.command == "stats":
-        cfg = json.loads(args.config) if args.config else None
-        result = write_stats(args.metrics, args.out, cfg, args.precisions)
-        verdicts = ", ".join(f"{h} {v['verdict']}" for h, v in result["verdicts"].items())
-        print(f"stats: {verdicts} -> {args.out}", file=sys.stderr)
-        for w in result["warnings"]:
-            print(f"stats warning: {w}", file=sys.stderr)
-        return 0
-    with open(args.stats, encoding="utf-8") as fh:
-        stats = json.load(fh)
-    text = render(
-        stats, pd.read_parquet(args.metrics), _pairs(args.figure, "--figure"), args.out, args.precisions
+    try:
+        figures = parse_pairs(args.figure, "NAME=PATH")
+    except ValueError as err:
+        raise SystemExit(f"--figure: {err}") from None
+    run(
+        stats=args.stats,
+        metrics=args.metrics,
+        out=args.out,
+        figures=figures,
+        precisions=args.precisions,
+        overlap=args.overlap,
     )
-    write_text(args.out, text)
-    print(f"report: {len(text.splitlines())} lines -> {args.out}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main_from(globals())

@@ -4,6 +4,12 @@ Every family is deterministic given a seed and verifiable by construction. The o
 (``add_sub``) is what RL trains on; the others shift the distribution in different ways so that
 off-task evaluation (H2) can see what training did outside its own distribution.
 
+Held out by construction: every problem lies on one ``side``, "eval" or "train", by a stable hash of its
+normalized prompt (``on_side``). Evaluation sets draw eval-side problems only; the training set and the
+warm-start pool draw train-side problems only. So no training or warm-start prompt can equal an
+evaluation prompt, whatever tasks a config lists, and adding an evaluation task changes no training data
+(no cross-task deduplication is needed for synthetic sets).
+
 | family  | example prompt                                   | shift from add_sub            | kind    |
 |---------|--------------------------------------------------|-------------------------------|---------|
 | add_sub | ``47+12=``                                        | (on-task: operands 0-99)      | integer |
@@ -16,6 +22,7 @@ off-task evaluation (H2) can see what training did outside its own distribution.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Iterable
 
@@ -86,8 +93,7 @@ FAMILIES: dict[str, tuple[Callable[[random.Random], Problem], str]] = {
 }
 
 
-def family_kind(family: str) -> str:
-    return FAMILIES[family][1]
+SIDES = ("eval", "train")
 
 
 def normalize_prompt(prompt: str) -> str:
@@ -95,12 +101,26 @@ def normalize_prompt(prompt: str) -> str:
     return " ".join(prompt.lower().split())
 
 
-def generate(
-    family: str, n: int, seed: int, task: str, exclude: Iterable[str] = (), max_tries_factor: int = 50
-) -> list[Row]:
-    """``n`` distinct problems of ``family``, none whose normalized prompt is in ``exclude``.
+def on_side(prompt: str, side: str) -> bool:
+    """Whether ``prompt`` belongs to ``side`` ("eval" or "train"): a stable ~50/50 hash split."""
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    digest = hashlib.blake2b(normalize_prompt(prompt).encode(), digest_size=1).digest()[0]
+    return (digest & 1) == (side == "train")
 
-    Stops early (with fewer rows) when the family has fewer distinct problems than asked for.
+
+def generate(
+    family: str,
+    n: int,
+    seed: int,
+    task: str,
+    exclude: Iterable[str] = (),
+    side: str = "eval",
+    max_tries_factor: int = 50,
+) -> list[Row]:
+    """``n`` distinct ``side`` problems of ``family``, none whose normalized prompt is in ``exclude``.
+
+    Stops early (with fewer rows) when the family has fewer distinct problems on that side than asked for.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown synthetic family {family!r}; known: {sorted(FAMILIES)}")
@@ -113,7 +133,7 @@ def generate(
             break
         prompt, answer, meta = make(rng)
         key = normalize_prompt(prompt)
-        if key in seen:
+        if key in seen or not on_side(prompt, side):
             continue
         seen.add(key)
         rows.append(
@@ -122,8 +142,10 @@ def generate(
     return rows
 
 
-def sample_mix(mix: dict[str, float], n: int, seed: int, exclude: Iterable[str] = ()) -> list[Row]:
-    """A warm-start pool drawn from several families by weight (duplicates allowed, evals excluded)."""
+def sample_mix(
+    mix: dict[str, float], n: int, seed: int, exclude: Iterable[str] = (), side: str = "train"
+) -> list[Row]:
+    """A warm-start pool of ``side`` problems drawn from several families by weight (duplicates allowed)."""
     families = [f for f, w in mix.items() if w > 0]
     if not families:
         raise ValueError("sft_mix has no family with positive weight")
@@ -137,7 +159,7 @@ def sample_mix(mix: dict[str, float], n: int, seed: int, exclude: Iterable[str] 
         family = rng.choices(families, weights)[0]
         make, kind = FAMILIES[family]
         prompt, answer, meta = make(rng)
-        if normalize_prompt(prompt) in excluded:
+        if not on_side(prompt, side) or normalize_prompt(prompt) in excluded:
             continue
         rows.append(make_row(f"sft-{len(rows):06d}", "sft", kind, prompt, answer, {"family": family, **meta}))
     return rows

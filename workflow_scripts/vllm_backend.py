@@ -72,6 +72,8 @@ def sample_completions_vllm(
         for i in range(len(prompts))
     ]
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    release(llm)
+    del llm
     stops = set(stop_ids)
     out: list[Completion] = []
     for i, request in enumerate(outputs):
@@ -89,3 +91,18 @@ def sample_completions_vllm(
             length = len(ids) + int(stop is not None)
             out.append(Completion(i, s, text, length, stop is None, tuple(ids), stop))
     return out
+
+
+def release(llm) -> None:
+    """Free vLLM's GPU memory before the job loads the HF policy and reference for KL (best effort:
+    vLLM keeps its KV-cache pool until its engine is shut down)."""
+    import gc
+
+    shutdown = getattr(getattr(llm, "llm_engine", None), "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,194 @@
+"""Run names and the results/ layout: the one mapping from (stage, run, task) to a file.
+
+Used by the rules (common.smk), the command lines and the stage modules, so a path or a run name is
+spelled once. Every function takes plain strings, so ``train_dir("{precision}", "{seed}")`` is also the
+Snakemake pattern of that folder.
+
+Run names (folders under results/eval/):
+
+| run | what | model folder |
+| --- | --- | --- |
+| ``base`` | the base model in ``model.dtype`` | ``results/models/base`` |
+| ``base-<dtype>`` | the base loaded in an arm's ``param_dtype`` != model.dtype | ``results/models/base`` |
+| ``<precision>-s<seed>`` | a trained run | ``results/train/<precision>/seed<seed>/model`` |
+
+A trained run is compared (dJ, KL) with the base run of its arm's param dtype (``reference_run``), so a
+difference measures training, not the cast. Config validation refuses task and precision names that
+would collide with these names (``config.name_collisions``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = "results"
+BASE = "base"
+_TRAINED_RE = re.compile(r"^(?P<precision>.+)-s(?P<seed>\d+)$")
+DTYPES = ("float32", "bfloat16", "float16")  # the schema's dtype enum
+_BASE_RE = re.compile(rf"^{BASE}(?:-(?P<dtype>{'|'.join(DTYPES)}))?$")
+
+
+# ------------------------------------------------------------------------------------------ run names
+
+
+def run_name(precision: str, seed: int | str) -> str:
+    """The run name of a trained model: ``run_name("bf16", 3) == "bf16-s3"``."""
+    return f"{precision}-s{seed}"
+
+
+def base_run(dtype: str | None = None, model_dtype: str | None = None) -> str:
+    """``base`` (the base in model.dtype: ``dtype`` None or ``== model_dtype``) or ``base-<dtype>``."""
+    return BASE if dtype is None or dtype == model_dtype else f"{BASE}-{dtype}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A parsed run name: a base (``dtype`` None for model.dtype) or a trained (precision, seed)."""
+
+    name: str
+    precision: str | None = None
+    seed: int | None = None
+    dtype: str | None = None
+
+    @property
+    def is_base(self) -> bool:
+        return self.precision is None
+
+
+def parse_run(run: str) -> Run:
+    """Inverse of the run naming: ``bf16-s3`` -> Run(precision="bf16", seed=3); ``base-bfloat16`` ->
+    Run(dtype="bfloat16"). Base names win: config validation keeps precisions from looking like them."""
+    base = _BASE_RE.match(run)
+    if base:
+        return Run(run, dtype=base["dtype"])
+    trained = _TRAINED_RE.match(run)
+    if not trained:
+        raise ValueError(f"not a run name: {run!r} (expected base, base-<dtype> or <precision>-s<seed>)")
+    return Run(run, precision=trained["precision"], seed=int(trained["seed"]))
+
+
+def base_dtypes(config: Mapping) -> list[str]:
+    """The param dtypes of the arms that differ from model.dtype, in arm order (one base run each)."""
+    model_dtype = config["model"]["dtype"]
+    dtypes: list[str] = []
+    for mode in config["precisions"].values():
+        dtype = mode["param_dtype"]
+        if dtype != model_dtype and dtype not in dtypes:
+            dtypes.append(dtype)
+    return dtypes
+
+
+def reference_run(config: Mapping, run: str) -> str:
+    """The base run ``run`` is compared with: its arm's param dtype (a base run is its own reference)."""
+    parsed = parse_run(run)
+    if parsed.is_base:
+        return run
+    return base_run(config["precisions"][parsed.precision]["param_dtype"], config["model"]["dtype"])
+
+
+def reference_spec(config: Mapping, run: str) -> dict:
+    """How the evaluate job loads ``run`` and its reference: {reference_run, policy_dtype (None: as saved),
+    reference_dtype (the base's dtype for KL; None: the policy's)} (H-fast, for rules/evaluate.smk)."""
+    parsed = parse_run(run)
+    if parsed.is_base:  # base (as saved) or base-<dtype> (a cast): its own reference
+        return {"reference_run": run, "policy_dtype": parsed.dtype, "reference_dtype": parsed.dtype}
+    arm_dtype = config["precisions"][parsed.precision]["param_dtype"]
+    return {"reference_run": reference_run(config, run), "policy_dtype": None, "reference_dtype": arm_dtype}
+
+
+def base_runs(config: Mapping) -> list[str]:
+    return [base_run(), *(base_run(d) for d in base_dtypes(config))]
+
+
+def trained_runs(config: Mapping) -> list[str]:
+    return [run_name(p, s) for p in config["precisions"] for s in config["seeds"]]
+
+
+def run_names(config: Mapping) -> list[str]:
+    """Every run the config evaluates: the base runs, then one per (precision, seed)."""
+    return base_runs(config) + trained_runs(config)
+
+
+eval_runs = run_names
+
+
+# ------------------------------------------------------------------------------------------- layout
+
+
+def _r(results: str | os.PathLike) -> Path:
+    return Path(results)
+
+
+def data_dir(results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "data"
+
+
+def eval_data(task: str, results: str | os.PathLike = RESULTS) -> Path:
+    return data_dir(results) / "eval" / f"{task}.jsonl"
+
+
+def base_model_dir(results: str | os.PathLike = RESULTS) -> Path:
+    """The base model folder, saved in model.dtype; base-<dtype> runs load it in <dtype>."""
+    return _r(results) / "models" / BASE
+
+
+def base_record(results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "models" / f"{BASE}.json"
+
+
+def train_dir(precision: str, seed: int | str, results: str | os.PathLike = RESULTS) -> Path:
+    """run.json, metrics.jsonl and model/ of one trained run."""
+    return _r(results) / "train" / precision / f"seed{seed}"
+
+
+def checkpoint_dir(precision: str, seed: int | str, results: str | os.PathLike = RESULTS) -> Path:
+    """Outside the train outputs: Snakemake deletes outputs of a failed job, checkpoints must survive."""
+    return _r(results) / "checkpoints" / precision / f"seed{seed}"
+
+
+def model_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:
+    """The model folder of a run name (see the table above)."""
+    parsed = parse_run(run)
+    if parsed.is_base:
+        return base_model_dir(results)
+    return train_dir(parsed.precision, parsed.seed, results) / "model"
+
+
+def eval_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "eval" / run
+
+
+def eval_summary(run: str, task: str, results: str | os.PathLike = RESULTS) -> Path:
+    return eval_dir(run, results) / f"{task}.json"
+
+
+def eval_samples(run: str, task: str, results: str | os.PathLike = RESULTS) -> Path:
+    return eval_dir(run, results) / f"{task}.samples.parquet"
+
+
+def kl_summary(run: str, task: str, results: str | os.PathLike = RESULTS) -> Path:
+    return eval_dir(run, results) / f"{task}.kl.json"
+
+
+def sparsity_table(precision: str, seed: int | str, results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "sparsity" / precision / f"seed{seed}.parquet"
+
+
+def sparsity_summary(precision: str, seed: int | str, results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "sparsity" / precision / f"seed{seed}.summary.json"
+
+
+def overlap_table(precision: str, results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "sparsity" / precision / "overlap.parquet"
+
+
+def overlap_by_module(precision: str, results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "sparsity" / precision / "overlap.by_module.parquet"
+
+
+def analysis_dir(results: str | os.PathLike = RESULTS) -> Path:
+    return _r(results) / "analysis"

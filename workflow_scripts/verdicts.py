@@ -1,0 +1,232 @@
+"""The decision rules: the training-worked gate and the H1-H3 verdicts, each stated with its power.
+
+Pure functions over blocks that ``stats.analyze`` computed. A verdict is one of 'supported',
+'contradicted', 'inconclusive' or 'not testable'; every one carries a reason with the numbers it
+rests on and the power (or minimal detectable ratio, MDE) of the decision, so "inconclusive" says what
+it would take and "supported" cannot come from a test that could not have rejected.
+
+Gate: the reference arm's on-task dJ (mean over on-task tasks, one value per seed; each dJ is already
+paired with the base by problem) must be significantly above 0 (one-sided t across seeds, p < alpha).
+Otherwise every verdict is 'not testable: training did not improve the on-task score', because with
+no on-task gain "equal on-task change" and "larger off-task spread" say nothing about precision.
+
+r0 = ``variance_ratio_margin``; ratios are seed-variance components arm / reference from the mixed
+model (``variance_model``): CI = (1-alpha) profile interval, equivalence CI = (1-2 alpha), p = one-sided
+test of equal seed variances calibrated by a parametric bootstrap.
+
+- H1 (on-task dJ) supported: the mean difference is equivalent (paired TOST, margin =
+  ``mean_margin_fraction`` x the reference arm's gain) AND the equivalence CI of the ratio lies inside
+  (1/r0, r0). Contradicted: the mean difference's (1-alpha) CI lies outside +-margin, or the ratio's
+  CI lies outside [1/r0, r0]. Else inconclusive (with the equivalence power, seeds needed and MDE).
+- H2 (off-task dJ) supported: the ratio's CI lower bound exceeds 1 and the test rejects (p < alpha).
+  Contradicted: the CI's upper bound is below r0 (the ratio is shown to be < r0, or below 1). Else
+  inconclusive (with power at r0, seeds needed for it, and MDE).
+- H3 (KL k3): the H2 rule on the off-task KL; the on-task KL ratio is reported beside it (the
+  hypothesis says on-task KL stays leashed).
+
+If the model fit failed for a comparison, the verdict falls back to the classical tests (BF for the
+test, the seed bootstrap CI for the bounds) and the reason says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats as st
+
+NOT_TESTABLE = "the gate did not pass (no significant on-task gain in the reference arm)"
+
+
+def _f(x: Any, d: int = 3) -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.{d}g}" if math.isfinite(x) else "n/a"
+
+
+def _ci(lo_hi: Sequence[Any] | None) -> str:
+    return f"[{_f(lo_hi[0])}, {_f(lo_hi[1])}]" if lo_hi else "[n/a]"
+
+
+def gate(values: Sequence[float], alpha: float, arm: str, base_noise: float = 0.0) -> dict[str, Any]:
+    """Is the reference arm's on-task dJ (one value per seed) significantly above 0?
+
+    ``base_noise``: eval-noise variance of the base's on-task J, shared by every seed's dJ, so it adds
+    to the SE of the mean and not to the spread across seeds.
+    """
+    x = [float(v) for v in values]
+    n = len(x)
+    if n < 2:
+        return {
+            "passed": False,
+            "arm": arm,
+            "n_seeds": n,
+            "mean": x[0] if x else None,
+            "reason": f"{arm} has {n} seed(s): a gain across seeds cannot be tested",
+        }
+    mean = sum(x) / n
+    se = math.sqrt(float(np.var(x, ddof=1)) / n + max(base_noise, 0.0))
+    t = mean / se if se > 0 else (math.inf if mean > 0 else 0.0)
+    p = float(st.t.sf(t, n - 1))
+    passed = bool(mean > 0 and p < alpha)
+    word = "improved" if passed else "did not significantly improve"
+    return {
+        "passed": passed,
+        "arm": arm,
+        "n_seeds": n,
+        "mean": mean,
+        "se": se,
+        "t": t,
+        "p": p,
+        "alpha": alpha,
+        "base_noise_var": base_noise,
+        "reason": f"{arm} on-task dJ {_f(mean)} ± {_f(se, 2)} (SE, {n} seeds), one-sided t p={_f(p)}: "
+        f"training {word} the on-task score",
+    }
+
+
+def _power_text(power: Mapping | None, equivalence: bool) -> str:
+    if not power or power.get("status") != "ok":
+        return f"power not computed ({(power or {}).get('reason', 'no model fit')})"
+    mde = power.get("mde_ratio")
+    mde_s = f"MDE {_f(mde)}x" if mde else f"MDE > {max(float(r) for r in power['power_by_ratio']):g}x"
+    n = power["n_seeds"]
+    if equivalence:
+        need = power.get("seeds_needed_equivalence")
+        need_s = f"{need} seeds per arm" if need else f"> {power['max_seeds']} seeds per arm"
+        return (
+            f"power to show equivalence at ratio 1: {_f(power.get('equivalence_power'), 2)} with {n} seeds "
+            f"({need_s} for {power['target']:.0%}); {mde_s} at {power['target']:.0%} power"
+        )
+    need = power.get("seeds_needed_r0")
+    need_s = f"{need} seeds per arm" if need else f"> {power['max_seeds']} seeds per arm"
+    return (
+        f"power at ratio {_f(power['r0'])}: {_f(power.get('power_at_r0'), 2)} with {n} seeds ({need_s} "
+        f"for {power['target']:.0%}); {mde_s} at {power['target']:.0%} power"
+    )
+
+
+def _bounds(model: Mapping, classical: Mapping) -> tuple[list | None, list | None, float | None, str]:
+    """(CI, equivalence CI, p, source) from the model, else from the classical tests."""
+    if model.get("status") == "ok":
+        return model["ratio_ci"], model["ratio_ci_equivalence"], model["p"], "mixed model"
+    boot = classical.get("bootstrap") or {}
+    bf = classical.get("brown_forsythe") or {}
+    ci = [boot["ratio_ci_low"], boot["ratio_ci_high"]] if boot.get("status") == "ok" else None
+    p = bf.get("p") if bf.get("status") == "ok" else None
+    if p is not None and (classical.get("ratio") or 0) <= 1:
+        p = 1.0  # one-sided: only a larger arm variance counts
+    why = model.get("reason") or "not fitted"
+    return ci, ci, p, f"classical tests (mixed model failed: {why})"
+
+
+def verdict_variance(
+    model: Mapping, classical: Mapping, power: Mapping | None, cfg: Mapping, what: str
+) -> tuple[str, str]:
+    """H2/H3 rule for one arm (see module docstring)."""
+    alpha, r0 = float(cfg["alpha"]), float(cfg["variance_ratio_margin"])
+    ci, _, p, source = _bounds(model, classical)
+    ratio = model.get("ratio") if model.get("status") == "ok" else classical.get("ratio")
+    pw = _power_text(power, equivalence=False)
+    if ci is None or p is None:
+        return "inconclusive", f"{what}: no variance comparison ({source}); {pw}"
+    nums = f"{what} seed-variance ratio {_f(ratio)} {_ci(ci)}, p={_f(p)} ({source})"
+    if ci[0] is not None and ci[0] > 1 and p < alpha:
+        return "supported", f"{nums}: CI above 1 and the test rejects; {pw}"
+    if ci[1] is not None and ci[1] < r0:
+        return "contradicted", f"{nums}: CI below r0={_f(r0)}; {pw}"
+    return "inconclusive", f"{nums}: neither above 1 with p < {alpha:g} nor below {_f(r0)}; {pw}"
+
+
+def verdict_h1(
+    mean: Mapping, model: Mapping, classical: Mapping, power: Mapping | None, cfg: Mapping
+) -> tuple[str, str]:
+    """H1 rule for one arm (see module docstring): mean AND variance equivalence."""
+    r0 = float(cfg["variance_ratio_margin"])
+    ci, eq_ci, _, source = _bounds(model, classical)
+    pw = _power_text(power, equivalence=True)
+    if mean.get("status") != "ok":
+        return "inconclusive", f"mean comparison skipped: {mean.get('reason')}; {pw}"
+    tost = mean["tost"]
+    margin = tost["margin"]
+    mean_s = (
+        f"mean dJ difference {_f(mean['diff'])} (CI {_ci([mean['ci_low'], mean['ci_high']])}, "
+        f"margin ±{_f(margin)}, TOST p={_f(tost['p'])})"
+    )
+    ratio = model.get("ratio") if model.get("status") == "ok" else classical.get("ratio")
+    var_s = f"seed-variance ratio {_f(ratio)} {_ci(eq_ci)} ({source})"
+    if mean["ci_low"] > margin or mean["ci_high"] < -margin:
+        return "contradicted", f"{mean_s}: the means differ by more than the margin; {var_s}; {pw}"
+    if ci is not None and (ci[0] > r0 or ci[1] < 1 / r0):
+        return "contradicted", f"{var_s}: outside [{_f(1 / r0)}, {_f(r0)}]; {mean_s}; {pw}"
+    var_eq = eq_ci is not None and eq_ci[0] > 1 / r0 and eq_ci[1] < r0
+    if tost["equivalent"] and var_eq:
+        return "supported", f"{mean_s} and {var_s} inside ({_f(1 / r0)}, {_f(r0)}); {pw}"
+    missing = [w for w, ok in (("mean", tost["equivalent"]), ("variance", var_eq)) if not ok]
+    return "inconclusive", f"equivalence not shown for the {' and '.join(missing)}: {mean_s}; {var_s}; {pw}"
+
+
+def overall(per_arm: Mapping[str, Mapping]) -> tuple[str, str]:
+    """One verdict over the non-reference arms: theirs when they agree, else inconclusive."""
+    if not per_arm:
+        return "inconclusive", "no non-reference arm"
+    verdicts = {v["verdict"] for v in per_arm.values()}
+    if len(verdicts) == 1:
+        only = next(iter(per_arm.values()))
+        if len(per_arm) == 1 or len({v["reason"] for v in per_arm.values()}) == 1:
+            return only["verdict"], only["reason"]  # one shared reason (e.g. the gate) is worth repeating
+        return only["verdict"], f"all arms: {only['verdict']}"
+    return "inconclusive", "arms disagree: " + ", ".join(f"{a}={v['verdict']}" for a, v in per_arm.items())
+
+
+RULES = {
+    "H1": "on-task dJ: supported iff mean difference equivalent within mean_margin_fraction x the "
+    "reference gain (paired TOST) and the (1-2alpha) CI of the seed-variance ratio inside (1/r0, r0); "
+    "contradicted iff a (1-alpha) CI lies outside the margin; else inconclusive",
+    "H2": "off-task dJ: supported iff the (1-alpha) CI of the seed-variance ratio is above 1 and the "
+    "bootstrap-calibrated test rejects; contradicted iff the CI is below r0; else inconclusive",
+    "H3": "off-task KL k3: the H2 rule; the on-task KL ratio is reported beside it",
+}
+
+
+def decide(
+    gate_block: Mapping, by_role: Mapping[str, Mapping], arms: Sequence[str], cfg: Mapping
+) -> dict[str, Any]:
+    """verdicts[H] = {verdict, reason, rule, by_arm{arm: {verdict, reason}}}."""
+    out = {}
+    on, off = by_role.get("on_task"), by_role.get("off_task")
+    for h in ("H1", "H2", "H3"):
+        per_arm = {}
+        for a in arms[1:]:
+            scope = on if h == "H1" else off
+            if not gate_block.get("passed"):
+                v, why = "not testable", f"{NOT_TESTABLE}: {gate_block.get('reason')}"
+            elif scope is None:
+                v, why = "inconclusive", f"no {'on' if h == 'H1' else 'off'}-task tasks"
+            else:
+                comp = scope["comparisons"][a]
+                if h == "H1":
+                    v, why = verdict_h1(
+                        comp["dJ_mean"], comp["dJ_model"], comp["dJ_var"], comp.get("dJ_power"), cfg
+                    )
+                elif h == "H2":
+                    v, why = verdict_variance(
+                        comp["dJ_model"], comp["dJ_var"], comp.get("dJ_power"), cfg, "off-task dJ"
+                    )
+                else:
+                    v, why = verdict_variance(
+                        comp["kl_model"], comp["kl_var"], comp.get("kl_power"), cfg, "off-task KL"
+                    )
+                    on_kl = ((on or {}).get("comparisons") or {}).get(a, {}).get("kl_model") or {}
+                    if on_kl.get("status") == "ok":
+                        why += f"; on-task KL ratio {_f(on_kl['ratio'])} {_ci(on_kl['ratio_ci'])}"
+            per_arm[a] = {"verdict": v, "reason": why}
+        v, why = overall(per_arm)
+        out[h] = {"verdict": v, "reason": why, "by_arm": per_arm, "rule": RULES[h]}
+    return out
