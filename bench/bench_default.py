@@ -7,7 +7,7 @@ stage's first line, and seconds loading models); their sum is set against the su
 against cores x wall time. Jobs without such a line are counted and named by rule, never guessed.
 The load average before and after is printed: the machine may be shared, which slows every job.
 
-Do not point it at the full default config casually (it is the experiment: ~15 min on 2 cores);
+Do not point it at the full default config casually (it is the experiment: 21.5 min on 2 cores, measured);
 a few-step config checks the bench itself, e.g. tests/config.test.yaml.
 
 Usage: .venv/bin/python bench/bench_default.py [--config config.yaml] [--cores 2] [--keep DIR]
