@@ -22,14 +22,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from test_evaluate import EVAL_CFG, PROMPTS, TINY  # the same tiny model, settings and prompts
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32,
-        "max_position_embeddings": 64, "seed": 0}  # fmt: skip
-EVAL_CFG = {"n_samples": 3, "temperature": 0.7, "top_p": 0.8, "batch_size": 256, "backend": "hf", "seed": 0,
-            "verify_timeout": 1.5, "code_timeout": 1.5, "kl_prompts": 4, "kl_samples": 2,
-            "memory_budget_gb": None}  # fmt: skip
-PROMPTS = ["1+2=", "33+44=", "5-1=", "12+7=", "100-1="]
 TASK = {"kind": "integer", "role": "on_task", "max_new_tokens": 4}
 # run, policy folder, the folder the old kl rule used as reference (the bf16 arm: a bf16 copy of the base,
 # i.e. what the new job loads as the arm's reference), the new job's reference dtype, reference run
