@@ -39,9 +39,9 @@ rule aggregate:
         "benchmarks/aggregate/aggregate.tsv"
     conda:
         "../envs/analysis.yaml"
-    threads: 1
+    threads: job_threads("aggregate")
     resources:
-        mem_mb=2000,
+        **job_resources("aggregate"),
     script:
         "../workflow_scripts/aggregate.py"
 
@@ -61,9 +61,9 @@ rule analysis_stats:
         "benchmarks/analysis_stats/analysis_stats.tsv"
     conda:
         "../envs/analysis.yaml"
-    threads: 1
+    threads: job_threads("analysis_stats")
     resources:
-        mem_mb=2000,
+        **job_resources("analysis_stats"),
     script:
         "../workflow_scripts/stats.py"
 
@@ -86,9 +86,9 @@ rule analysis_figures:
         "benchmarks/analysis_figures/analysis_figures.tsv"
     conda:
         "../envs/analysis.yaml"
-    threads: 1
+    threads: job_threads("analysis_figures")
     resources:
-        mem_mb=2000,
+        **job_resources("analysis_figures"),
     script:
         "../workflow_scripts/figures.py"
 
@@ -111,8 +111,8 @@ rule analysis_report:
         "benchmarks/analysis_report/analysis_report.tsv"
     conda:
         "../envs/analysis.yaml"
-    threads: 1
+    threads: job_threads("analysis_report")
     resources:
-        mem_mb=1000,
+        **job_resources("analysis_report"),
     script:
         "../workflow_scripts/report.py"

@@ -18,8 +18,8 @@ rule base_model:
         "benchmarks/base_model/base_model.tsv"
     conda:
         "../envs/train.yaml"
-    threads: 2
+    threads: job_threads("base_model")
     resources:
-        mem_mb=4000,
+        **job_resources("base_model"),
     script:
         "../workflow_scripts/base_model.py"

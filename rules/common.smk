@@ -9,6 +9,7 @@ from snakemake.exceptions import WorkflowError
 from workflow_scripts import paths
 from workflow_scripts.codehash import code_version
 from workflow_scripts.config import ConfigError, workflow_config
+from workflow_scripts.resources import job_threads as _job_threads, snakemake_resources, train_processes
 
 # `--configfile X` means X alone: the Snakefile declares no `configfile:`, so config.yaml is read only
 # when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml).
@@ -46,6 +47,20 @@ CODE_ROOT = Path(workflow.basedir) / "workflow_scripts"
 
 def code(stage):
     return code_version(stage, CODE_ROOT)
+
+
+# -------------------------------------------- what each job asks for (config `resources:`, per rule)
+# The rules' only source of threads, GPUs and memory (workflow_scripts/resources.py): no rule holds a
+# count, and the SLURM profile adds only cluster matters (partition, runtime, one node).
+
+
+def job_threads(rule):
+    return _job_threads(config, rule)
+
+
+def job_resources(rule):
+    """gpu, mem_mb (and cpus_per_gpu for a GPU job): `resources: **job_resources("<rule>")`."""
+    return snakemake_resources(config, rule)
 
 
 # ------------------------------------------------------------------ data (rules/prepare_data.smk)

@@ -6,10 +6,6 @@
 # reference, so changing an analysis or train setting never reruns evaluation, and adding a task adds
 # only that task's jobs.
 
-# GPU hook: GPU slots one evaluate job asks for (0 on CPU configs); a GPU profile sets this.
-EVAL_GPUS = 0
-
-
 # Input functions (evaluate_inputs, evaluate_reference, evaluate_task) live in common.smk (snakemake --lint).
 
 
@@ -32,9 +28,8 @@ rule evaluate:
         "benchmarks/evaluate/{run}/{task}.tsv"
     conda:
         "../envs/train.yaml"
-    threads: 1
+    threads: job_threads("evaluate")
     resources:
-        mem_mb=4000,
-        gpu=EVAL_GPUS,
+        **job_resources("evaluate"),
     script:
         "../workflow_scripts/evaluate.py"

@@ -16,7 +16,9 @@ rule prepare_eval:
         "benchmarks/prepare_eval/{task}.tsv"
     conda:
         "../envs/core.yaml"
-    threads: 1
+    threads: job_threads("prepare_eval")
+    resources:
+        **job_resources("prepare_eval"),
     script:
         "../workflow_scripts/prepare_data.py"
 
@@ -37,6 +39,8 @@ rule prepare_train:
         "benchmarks/prepare_train/prepare_train.tsv"
     conda:
         "../envs/core.yaml"
-    threads: 1
+    threads: job_threads("prepare_train")
+    resources:
+        **job_resources("prepare_train"),
     script:
         "../workflow_scripts/prepare_data.py"

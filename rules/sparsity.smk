@@ -17,9 +17,9 @@ rule sparsity:
         "benchmarks/sparsity/{precision}/seed{seed}.tsv"
     conda:
         "../envs/core.yaml"
-    threads: 1
+    threads: job_threads("sparsity")
     resources:
-        mem_mb=2000,
+        **job_resources("sparsity"),
     script:
         "../workflow_scripts/sparsity.py"
 
@@ -41,8 +41,8 @@ rule overlap:
         "benchmarks/overlap/{precision}.tsv"
     conda:
         "../envs/core.yaml"
-    threads: 1
+    threads: job_threads("overlap")
     resources:
-        mem_mb=2000,
+        **job_resources("overlap"),
     script:
         "../workflow_scripts/overlap.py"

@@ -3,12 +3,9 @@
 # directory() outputs and failed jobs' outputs before a rerun): a killed job resumes from its last
 # checkpoint when it is run again; the folder is deleted after a successful run.
 # params = the train section + this precision arm (+ the base model's dtype/trust flags) + the code
-# version, so changing an eval/analysis setting never reruns training.
-
-# GPU hook: GPU slots one training job asks for (0 on CPU configs). A GPU profile/colleague sets this
-# (e.g. from the profile's resources); with >1 the job has to be launched through `accelerate launch`
-# (see workflow_scripts/train.py), the `script:` below is the single-process path.
-TRAIN_GPUS = 0
+# version, so changing an eval/analysis setting never reruns training. `processes` (the run's world size,
+# from train.distributed or one per GPU of resources.train) is a param: a new world size retrains.
+# GPUs, threads and memory: config `resources.train` (job_threads/job_resources, rules/common.smk).
 
 
 rule train:
@@ -26,6 +23,7 @@ rule train:
         model={k: config["model"][k] for k in ("dtype", "trust_remote_code")},
         checkpoints=lambda wc: str(paths.checkpoint_dir(wc.precision, wc.seed)),
         verifier=config["data"]["train"]["verifier"],
+        processes=train_processes(config),
         code=code("train"),
     log:
         "logs/train/{precision}/seed{seed}.log",
@@ -33,9 +31,8 @@ rule train:
         "benchmarks/train/{precision}/seed{seed}.tsv"
     conda:
         "../envs/train.yaml"
-    threads: 1
+    threads: job_threads("train")
     resources:
-        mem_mb=4000,
-        gpu=TRAIN_GPUS,
+        **job_resources("train"),
     script:
         "../workflow_scripts/train.py"

@@ -126,6 +126,11 @@ MALFORMED = {
         "train",
     ),
     "epsilon_high below epsilon": (_set("train.epsilon_high", 0.1), "train.epsilon_high", "train"),
+    "processes not dividing a micro-batch": (
+        _set("train.distributed.processes", 3),
+        "train.distributed.processes",
+        "distributed",
+    ),
     "task named base": (_rename_task("mul", "base"), "data.tasks.base", "names"),
     "arm named base": (_set("precisions.base", {"param_dtype": "float32"}), "precisions.base", "names"),
     "missing local model folder": (_set("model.source", "./no/such/model"), "model.source", "model"),

@@ -142,7 +142,7 @@ def test_merge_groups_repads_and_trims():
 def test_dynamic_sampling_off_is_bit_identical_to_plain_trl(tiny_base, tmp_path, monkeypatch):
     off = run(tiny_base, tmp_path, "off", max_steps=4, dynamic_sampling=False)
 
-    def pre_change_class(dynamic_sampling=False, max_rounds=0):
+    def pre_change_class(dynamic_sampling=False, max_rounds=0, vllm_dtype=None):
         ours = grpo_trainer.make_trainer_class(False, 0)
 
         class PreChange(ours):  # only the epoch-aware sampler, as before the change
@@ -248,3 +248,26 @@ def test_dynamic_sampling_resumes_bit_identically(tiny_base, tmp_path):
     resumed = read_metrics(out / "metrics.jsonl")
     for key in ("loss", "rollouts_drawn", "groups_kept", "reward"):
         assert [r[key] for r in resumed] == [r[key] for r in whole["metrics"]], key
+
+
+def test_the_colocated_vllm_engine_is_built_in_the_arms_rollout_dtype_not_vllms_auto(monkeypatch):
+    """vLLM's dtype "auto" casts a float32 checkpoint to 16 bits; TRL passes no dtype."""
+    import trl
+    from trl.generation import vllm_generation
+
+    from workflow_scripts.grpo_trainer import make_trainer_class, rollout_dtype
+
+    built = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: built.append(kw) or "engine", raising=False)
+
+    def fake_init(self, *args, **kwargs):  # where TRL builds the engine: VLLMGeneration in __init__
+        self.engine = vllm_generation.LLM(model="base")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", fake_init)
+    assert rollout_dtype("float32", None) == "float32"
+    assert rollout_dtype("float32", "bfloat16") == "bfloat16"
+    assert rollout_dtype("bfloat16", None) == "bfloat16"
+    make_trainer_class(vllm_dtype="float32")()
+    make_trainer_class()()  # without vLLM nothing is wrapped: vLLM's own default
+    assert built == [{"model": "base", "dtype": "float32"}, {"model": "base"}]
+    assert not hasattr(vllm_generation.LLM, "keywords")  # unwrapped again after __init__

@@ -3,13 +3,15 @@
 The cluster: Debian's munged, slurmctld and slurmd (installed by .ci/slurm_setup.sh), started directly
 (no systemd) in the foreground as children of this test, with a munge key, slurm.conf and gres.conf
 generated in a temp dir (nothing under /etc is read or changed), on free ports. One node = this host,
-with the two partitions profiles/slurm names (`cpu`, the default, and `gpu`) and two fake GPUs (GRES
-backed by /dev/null and /dev/zero), so the GPU rules really get `--gpus=1` and a SLURM-set
-CUDA_VISIBLE_DEVICES. The node declares 128 GB (SlurmdParameters=config_overrides) so the profile's
-GPU-rule memory requests fit; the jobs themselves use a few hundred MB. The plugin's jobstep drops
-SLURM_CONF before its in-job `srun`, so an `srun` wrapper first on PATH points it at the test config
-(a real cluster has /etc/slurm/slurm.conf). Teardown (also after a failure) cancels all jobs and stops
-the daemons by pid.
+with the two partitions profiles/slurm/partitions.yaml names (`cpu`, the default, and `gpu`) and two fake
+GPUs (GRES backed by /dev/null and /dev/zero), so GPU jobs really get `--gpus=N` and a SLURM-set
+CUDA_VISIBLE_DEVICES. The GPU counts, threads and memory come from the workflow config (`resources:`):
+train asks for both GPUs (one node, --cpus-per-gpu, --mem), evaluate for one; the profile adds only
+partitions, runtimes and one node per job. The node declares 128 GB (SlurmdParameters=config_overrides);
+the jobs use a few hundred MB. The plugin's jobstep drops SLURM_CONF before its in-job `srun`, so an
+`srun` wrapper first on PATH points it at the test config (a real cluster has /etc/slurm/slurm.conf); an
+`sbatch` wrapper records each call's flags with the job id it got. Teardown (also after a failure)
+cancels all jobs and stops the daemons by pid.
 
 No accounting database: the plugin polls with squeue (--slurm-status-command squeue; MinJobAge=600 keeps
 finished jobs visible to squeue) and guesses no account (--slurm-no-account). profiles/default (the
@@ -37,7 +39,12 @@ pytestmark = pytest.mark.slow
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "srun")
-GPU_RULES = {"train", "evaluate"}
+# What the workflow config asks for (config `resources:`): train = one node with both fake GPUs.
+RESOURCES = {
+    "train": {"gpus": 2, "cpus": 2, "mem_mb": 3000},
+    "evaluate": {"gpus": 1, "cpus": 1, "mem_mb": 2500},
+}
+GPU_RULES = {rule for rule, res in RESOURCES.items() if res["gpus"]}
 # prepare_* -> base_model -> train fp32 seed 1 -> evaluate (pass@1 + KL) base and fp32-s1 on one task
 TARGETS = (
     "results/models/base.json",
@@ -46,6 +53,14 @@ TARGETS = (
 )
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+)")
 SNAKEMAKE_TIMEOUT = 420
+# sbatch first on PATH: the real one, then "<its output (the job id)>\t<its arguments>" appended to a log
+SBATCH_WRAPPER = """#!/bin/sh
+out=$({sbatch} "$@")
+rc=$?
+printf '%s\\t%s\\n' "$out" "$*" >> {log}
+printf '%s\\n' "$out"
+exit $rc
+"""
 
 
 def _find(binary: str) -> str | None:
@@ -200,11 +215,16 @@ def slurm_cluster(tmp_path_factory):
     )
     # Inside a job the plugin's jobstep drops every SLURM_* variable, SLURM_CONF too, before its `srun`:
     # on a real cluster srun then reads /etc/slurm/slurm.conf. This test leaves /etc alone and puts an
-    # srun first on PATH that points the real one at the test cluster's config.
+    # srun first on PATH that points the real one at the test cluster's config, and an sbatch that
+    # appends "<its output (the job id)>\t<its arguments>" to sbatch_calls.log.
     bin_dir = root / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(f'#!/bin/sh\nSLURM_CONF={conf} exec {_find("srun")} "$@"\n')
-    (bin_dir / "srun").chmod(0o755)
+    (bin_dir / "sbatch").write_text(
+        SBATCH_WRAPPER.format(sbatch=_find("sbatch"), log=root / "sbatch_calls.log")
+    )
+    for wrapper in ("srun", "sbatch"):
+        (bin_dir / wrapper).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     env["SLURM_CONF"] = str(conf)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
@@ -245,14 +265,26 @@ def _result_files(workdir: Path) -> list[str]:
     return sorted(str(p.relative_to(workdir)) for p in (workdir / "results").rglob("*") if p.is_file())
 
 
-def test_workflow_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
+def _run_config() -> dict:
+    """The tiny test config with RESOURCES; training stays one process (the node's GPUs are fake)."""
     config = load_test_config()
     config["model"]["tiny"]["sft_steps"] = 10  # outputs, not model quality, are compared here
+    config["resources"] = RESOURCES
+    config["train"]["distributed"] = {"processes": 1}
+    return config
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory):
+    """prepare -> base_model -> train -> evaluate through the profile, and the same targets locally."""
+    tmp_path = tmp_path_factory.mktemp("run")
+    config = _run_config()
     local = make_workflow_dir(tmp_path / "local", config)
     remote = make_workflow_dir(tmp_path / "slurm", config)
 
-    # the reference: the same targets with plain local execution (runs while SLURM works)
-    local_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    # the reference: the same targets with plain local execution (runs while SLURM works); no CUDA
+    # device probe in its GPU jobs (RLVR_GPU_SLOTS=0: they run on CPU, as on the fake-GPU node)
+    local_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "RLVR_GPU_SLOTS": "0"}
     local_cmd = [
         SNAKEMAKE, "--cores", "2", "--directory", str(local), "--snakefile", str(local / "Snakefile"),
         *TARGETS,
@@ -288,27 +320,65 @@ def test_workflow_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"SLURM run failed:\n{log[-6000:]}\n{slurm_cluster.logs()}"
     assert local_proc.returncode == 0, f"local run failed:\n{local_out[-4000:]}"
+    print(f"SLURM run: {slurm_seconds:.0f} s")
+    submitted = dict(SUBMITTED.findall(log))  # snakemake job id -> SLURM job id
+    jobs = {slurm_id: slurm_cluster.jobs()[slurm_id] for slurm_id in submitted.values()}
+    return {"log": log, "submitted": submitted, "jobs": jobs, "remote": remote, "local": local}
 
-    # every job went through sbatch, and SLURM ran it where the profile said
-    submitted = dict(SUBMITTED.findall(log))
+
+def _rule(job: dict[str, str]) -> str:
+    return re.match(r"rule_(\w+?)(?:_wildcards_|$)", job["Comment"]).group(1)
+
+
+def _asks_gpu(job: dict[str, str]) -> bool:
+    return "gpu" in job.get("TresPerJob", "") or "gpu" in job.get("TresPerNode", "")
+
+
+def test_workflow_runs_through_the_slurm_profile(slurm_run, slurm_cluster):
+    log, submitted, jobs, remote = (slurm_run[k] for k in ("log", "submitted", "jobs", "remote"))
+    # every job went through sbatch, and SLURM ran it on the partition its GPU request calls for
     n_jobs = int(re.search(r"^total\s+(\d+)", log, flags=re.M).group(1))  # snakemake's job stats
     assert len(submitted) == n_jobs >= 5, log[-4000:]
-    slurm_jobs = slurm_cluster.jobs()
     rules_seen = set()
-    for slurm_id in submitted.values():
-        job = slurm_jobs[slurm_id]
-        rule = re.match(r"rule_(\w+?)(?:_wildcards_|$)", job["Comment"]).group(1)
+    for job in jobs.values():
+        rule = _rule(job)
         rules_seen.add(rule)
         assert job["JobState"] == "COMPLETED", job
-        gpu = "gpu" in job.get("TresPerJob", "") or "gpu" in job.get("TresPerNode", "")
         if rule in GPU_RULES:
-            assert job["Partition"] == "gpu" and gpu, (rule, job)
+            assert job["Partition"] == "gpu" and _asks_gpu(job), (rule, job)
         else:
-            assert job["Partition"] == "cpu" and not gpu, (rule, job)
+            assert job["Partition"] == "cpu" and not _asks_gpu(job), (rule, job)
     assert rules_seen >= {"prepare_train", "prepare_eval", "base_model", "train", "evaluate"}
     slurm_logs = list((remote / ".snakemake" / "slurm_logs").rglob("*.log"))
     assert {p.stem for p in slurm_logs} >= set(submitted.values())
 
     # the same outputs as the local run
-    assert _result_files(remote) == _result_files(local)
-    print(f"SLURM run: {n_jobs} jobs in {slurm_seconds:.0f} s")
+    assert _result_files(remote) == _result_files(slurm_run["local"])
+
+
+def test_a_multi_gpu_train_job_asks_for_one_node_with_its_gpus_cpus_and_memory(slurm_run, slurm_cluster):
+    """Config resources.train = 2 GPUs, 2 cpus, 3000 MB -> the plugin's sbatch flags and SLURM's job.
+
+    Reads the train job of the workflow run above (slurm_run, shared), so it adds no run of its own.
+    """
+    calls = dict(
+        line.split("\t", 1) for line in (slurm_cluster.root / "sbatch_calls.log").read_text().splitlines()
+    )
+    train = [(slurm_id, job) for slurm_id, job in slurm_run["jobs"].items() if _rule(job) == "train"]
+    assert len(train) == 1, slurm_run["jobs"]
+    slurm_id, job = train[0]
+    call = calls[slurm_id].split(" --wrap", 1)[0]  # the flags, without the job's own command line
+    print(f"train job {slurm_id}: sbatch {call}")
+    flags = call.split()
+    want = RESOURCES["train"]
+    per_gpu = -(-want["cpus"] // want["gpus"])
+    for flag in (f"--gpus={want['gpus']}", f"--cpus-per-gpu={per_gpu}", "--nodes=1"):
+        assert flag in flags, call
+    assert flags[flags.index("--mem") + 1] == str(want["mem_mb"]), call
+    assert not any(f.startswith("--cpus-per-task") for f in flags), call
+    # what SLURM made of it: both GPUs, the CPUs per GPU and the memory, on one node
+    assert re.fullmatch(rf"(gres[:/])?gpu:{want['gpus']}", job.get("TresPerJob", "")), job
+    assert re.fullmatch(rf"(gres[:/])?gpu:{per_gpu}", job.get("CpusPerTres", "")), job
+    assert job["NumNodes"] == "1" and job["NumCPUs"] == str(want["gpus"] * per_gpu), job
+    assert job["MinMemoryNode"] == f"{want['mem_mb']}M", job
+    assert job["Partition"] == "gpu" and job["JobState"] == "COMPLETED", job

@@ -40,6 +40,10 @@ malformed input (bad JSON, a missing required key, a duplicate run x task) raise
 naming the file, because a silently wrong table would reach the verdicts.
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
+
 import argparse
 import logging
 import math

@@ -1,8 +1,9 @@
 """base_model stage: build (or load) the base policy pi_0 and record its on-task headroom for RL.
 
-``model.source: tiny`` builds the char-level tokenizer and a small Llama locally and warm-starts it
-with a short supervised fine-tune on the warm-start pool (sft.jsonl). Any other source (a local folder
-or a hub id) is loaded with an explicit dtype and saved as is.
+``model.source: tiny`` builds the char-level tokenizer and a Llama of the ``model.tiny`` dimensions
+locally and warm-starts it with a short supervised fine-tune on the warm-start pool (sft.jsonl), on the
+GPU when there is one (the GPU smoke check builds a 0.36B model this way). Any other source (a local
+folder or a hub id) is loaded with an explicit dtype and saved as is.
 
 Why near-miss labels. RLVR mostly sharpens what the base already samples: its gain is bounded by what
 the policy samples at the training temperature (pass@k at T 1) minus what it already gets at
@@ -20,6 +21,10 @@ So the right answer is often sampled but, at a rate above 0.5, not yet the mode.
 greedy accuracy, pass@1 and pass@8 at T 1 on the on-task set (the headroom); every task's pass@1 at
 evaluation settings is in eval/base/{task}.json, one owner for those numbers.
 """
+
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
 
 import argparse
 import logging
@@ -127,10 +132,10 @@ def warm_start(model, tokenizer, rows: list[Row], tiny: dict) -> list[float]:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
     losses = []
-    batches = sft_batches(
-        rows, tokenizer, tiny["sft_batch_size"], steps, tiny["seed"], tiny.get("near_miss")
-    )
+    batches = sft_batches(rows, tokenizer, tiny["sft_batch_size"], steps, tiny["seed"], tiny.get("near_miss"))
+    device = next(model.parameters()).device
     for step, (ids, mask, labels) in enumerate(batches, 1):
+        ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
         # positions count real tokens only, as generate() does for left-padded prompts
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, labels=labels).loss
@@ -213,14 +218,15 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
     torch.set_num_threads(threads)
     start = time.time()
     losses: list[float] = []
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if model_cfg["source"] == "tiny":
         tokenizer = build_char_tokenizer()
-        model = build_tiny_llama(len(tokenizer), tiny, tokenizer)
+        model = build_tiny_llama(len(tokenizer), tiny, tokenizer).to(device)
         losses = warm_start(model, tokenizer, read_rows(data_dir / "sft.jsonl"), tiny)
     else:
         tokenizer = load_tokenizer(model_cfg["source"], model_cfg["trust_remote_code"])
         model = load_model(model_cfg["source"], model_cfg["dtype"], model_cfg["trust_remote_code"])
-    model = model.to(dtype=getattr(torch, model_cfg["dtype"]))
+    model = model.to(device=device, dtype=getattr(torch, model_cfg["dtype"]))
     task, rows = on_task_eval(config, data_dir)
     task_cfg = config["data"]["tasks"][task]
     room = headroom(model, tokenizer, rows, task_cfg)
@@ -232,6 +238,7 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         "source": model_cfg["source"],
         "dtype": model_cfg["dtype"],
         "parameters": sum(p.numel() for p in model.parameters()),
+        "device": device,
         "on_task": {"task": task, **room, "max_new_tokens": task_cfg["max_new_tokens"]},
         "near_miss": tiny.get("near_miss") if model_cfg["source"] == "tiny" else None,
         "sft": {

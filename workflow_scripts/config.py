@@ -238,6 +238,40 @@ def train_problems(train: Mapping, world_size: int = 1) -> Iterator[Problem]:
         yield "train.epsilon_high", f"must be >= train.epsilon ({train['epsilon']}) (clip-higher)"
 
 
+def distributed_problems(config: Mapping) -> Iterator[Problem]:
+    """``train.distributed`` against the train job's GPUs and the batch (``launch``, ``grpo_config``)."""
+    from workflow_scripts.launch import resolve_processes
+    from workflow_scripts.resources import rule_resources
+
+    train = config["train"]
+    distributed = train["distributed"]
+    gpus = rule_resources(config, "train")["gpus"] if "resources" in config else 0
+    processes = resolve_processes(distributed, gpus)
+    key = "train.distributed"
+    if gpus and processes > gpus:
+        yield (
+            f"{key}.processes",
+            f"{processes} processes, but the train job has {gpus} GPUs (resources.train.gpus): "
+            "one process per GPU at most",
+        )
+    completions = train["prompts_per_step"] * train["num_generations"]
+    ga = train["gradient_accumulation_steps"]
+    if completions % ga == 0 and (completions // ga) % processes:
+        yield (
+            f"{key}.processes",
+            f"{processes} processes must divide the completions of one micro-batch: prompts_per_step * "
+            f"num_generations / gradient_accumulation_steps = {completions} / {ga} = {completions // ga}",
+        )
+    if distributed["strategy"] == "fsdp" and gpus == 0:
+        yield (
+            f"{key}.strategy",
+            "fsdp needs GPUs (resources.train.gpus is 0): accelerate shards only on accelerators and "
+            "would silently run CPU processes as ddp; use ddp on CPU",
+        )
+    elif distributed["strategy"] == "fsdp" and processes < 2:
+        yield f"{key}.strategy", "fsdp shards over processes and this run has 1; use ddp (or more GPUs)"
+
+
 def name_problems(config: Mapping) -> Iterator[Problem]:
     """Task and arm names must not read as run names (results/eval/{run}/{task}, paths.parse_run)."""
     runs = set(paths.run_names(config)) | {paths.base_run(d) for d in ("float32", "bfloat16", "float16")}
@@ -251,6 +285,11 @@ def name_problems(config: Mapping) -> Iterator[Problem]:
 
 def model_problems(config: Mapping, check_files: bool = True) -> Iterator[Problem]:
     source = config["model"]["source"]
+    tiny = config["model"]["tiny"]
+    if source == "tiny" and tiny["hidden_size"] % tiny["num_heads"]:
+        yield "model.tiny.num_heads", f"must divide model.tiny.hidden_size ({tiny['hidden_size']})"
+    if source == "tiny" and tiny["num_kv_heads"] and tiny["num_heads"] % tiny["num_kv_heads"]:
+        yield "model.tiny.num_kv_heads", f"must divide model.tiny.num_heads ({tiny['num_heads']})"
     looks_local = source.startswith((".", "/", "~")) or os.path.exists(source)
     if check_files and source != "tiny" and looks_local and not Path(source).is_dir():
         yield "model.source", f"local model folder not found: {source}"
@@ -260,6 +299,7 @@ RULES: dict[str, Callable[..., Iterator[Problem]]] = {
     "data": lambda c, files: data_problems(c, files),
     "precisions": lambda c, _: (p for n, m in c["precisions"].items() for p in precision_problems(n, m)),
     "train": lambda c, _: train_problems(c["train"]),
+    "distributed": lambda c, _: distributed_problems(c),
     "names": lambda c, _: name_problems(c),
     "model": lambda c, files: model_problems(c, files),
 }

@@ -64,6 +64,7 @@ timing {sample_s, score_s}. A base run against itself is exactly 0.
 Standard errors are null (not NaN) where undefined (a single problem or prompt).
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
 from workflow_scripts.threads import (
     limit_threads,
     log_startup,

@@ -16,6 +16,10 @@
 Every function takes a ``FigureData`` (figures_common) and returns a matplotlib Figure.
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
+
 import argparse
 import os
 import sys

@@ -26,6 +26,10 @@
 | checkpoint_every            | save_steps, rounded up to whole generation rounds (see below);              |
 |                             | save_strategy steps, save_total_limit 1, output_dir = the checkpoint folder |
 | use_vllm                    | use_vllm, vllm_mode colocate (vllm is imported only then: gate_vllm)        |
+| distributed.strategy        | ddp: nothing (accelerate wraps the model in DDP when there are >1           |
+| (distributed.processes:     | processes). fsdp: fsdp + fsdp_config (FSDP2, full sharding, decoder-layer   |
+| the launch, not TRL)        | wrapping, whole tensors on save) and the arm's mixed-precision policy       |
+|                             | (precision.fsdp_mixed_precision) in fsdp_plugin_args                        |
 | report_to                   | report_to (none / tensorboard / wandb); TensorBoard events go to the run's  |
 |                             | results folder ``tb/`` (``tracking_env``), W&B honours WANDB_MODE=offline   |
 | kl_every, kl_prompts,       | not TRL: our KL log (MetricsLogger) and the reward's verifier timeout       |
@@ -52,7 +56,7 @@ from pathlib import Path
 import torch
 
 from workflow_scripts.config import ConfigError, check_train
-from workflow_scripts.precision import PrecisionMode, trainer_precision_args
+from workflow_scripts.precision import PrecisionMode, fsdp_mixed_precision, trainer_precision_args
 from workflow_scripts.verifiers import make_reward_function
 
 
@@ -95,6 +99,32 @@ def check_vllm_available() -> None:
             "train.use_vllm: true, but vllm is not installed on this machine. Install the GPU extra "
             "(pip install '.[gpu]') on a CUDA machine, or set train.use_vllm: false."
         )
+
+
+def strategy(train_cfg: Mapping) -> str:
+    """``train.distributed.strategy`` (ddp for a train section from before the key existed)."""
+    return (train_cfg.get("distributed") or {}).get("strategy", "ddp")
+
+
+def fsdp_args(train_cfg: Mapping, world_size: int) -> dict:
+    """The GRPOConfig fields of the strategy: FSDP2 full sharding for fsdp, none for ddp."""
+    if strategy(train_cfg) != "fsdp":
+        return {}
+    if world_size < 2:
+        raise ConfigError(
+            f"train.distributed.strategy: fsdp shards over processes, but this run has {world_size}; "
+            "launch it through the train stage (train.distributed.processes >= 2) or use ddp"
+        )
+    return {
+        "fsdp": True,  # full sharding: reshard_after_forward below
+        "fsdp_config": {
+            "version": 2,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",  # the model's decoder layers (_no_split_modules)
+            "reshard_after_forward": True,
+            "state_dict_type": "FULL_STATE_DICT",  # checkpoints and the saved model: whole tensors
+            "cpu_ram_efficient_loading": False,
+        },
+    }
 
 
 def grpo_config(
@@ -157,8 +187,12 @@ def grpo_config(
         shuffle_dataset=True,
         log_completions=False,
         **trainer_precision_args(mode),
+        **fsdp_args(train_cfg, world),
     )
-    return GRPOConfig(**kwargs)
+    args = GRPOConfig(**kwargs)
+    if args.fsdp_plugin_args is not None:  # the plugin is built from this dict by the Trainer
+        args.fsdp_plugin_args["mixed_precision_policy"] = fsdp_mixed_precision(mode)
+    return args
 
 
 def reward_functions(train_cfg: Mapping, kind: str, verifier: Mapping | None = None) -> list:

@@ -13,6 +13,10 @@
 |                         |                                      | group-spread test)                     |
 | ``_get_train_sampler``  | RepeatSampler: a new permutation per | ``EpochRepeatSampler``: epoch e's      |
 |                         | ``__iter__``                         | order from e alone (exact resume)      |
+| ``__init__`` with       | builds the colocated vLLM engine     | the engine gets the arm's rollout      |
+| ``use_vllm``            | with dtype "auto": vLLM casts a      | dtype (``rollout_dtype``: autocast     |
+|                         | float32 checkpoint to 16 bits, so    | dtype, else param dtype), as the HF    |
+|                         | the fp32 arm would sample in bf16    | sampler computes (``vllm_engine_dtype``)|
 
 Dynamic sampling (DAPO, Yu et al. 2025, section 3.2). A generation round needs ``n`` prompt groups
 (``generation_batch_size / num_generations``). A group is zero-spread when the standard deviation of
@@ -39,6 +43,7 @@ shift of left padding change them only by rounding).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 
@@ -143,8 +148,36 @@ def merge_groups(
     return merged
 
 
-def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0):
-    """GRPOTrainer with the overrides of the module docstring (TRL is imported only here)."""
+def rollout_dtype(param_dtype: str, autocast: str | None) -> str:
+    """The dtype an arm's rollouts compute in: its autocast dtype, else its parameters' dtype."""
+    return autocast or param_dtype
+
+
+@contextlib.contextmanager
+def vllm_engine_dtype(dtype: str | None) -> Iterator[None]:
+    """While TRL builds its colocated vLLM engine, build it with ``dtype`` instead of "auto".
+
+    TRL 1.16 calls ``vllm.LLM(...)`` without a dtype (trl/generation/vllm_generation.py); vLLM's "auto"
+    downcasts a float32 checkpoint (float16 before vLLM 0.10.1, bfloat16 since), so an fp32 arm's
+    rollouts would be sampled in 16 bits and the arms would differ in more than they name. TRL offers
+    no option, so the name it calls is wrapped for the duration of ``GRPOTrainer.__init__`` only."""
+    if dtype is None:
+        yield
+        return
+    from trl.generation import vllm_generation
+
+    original = vllm_generation.LLM
+    vllm_generation.LLM = functools.partial(original, dtype=dtype)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
+
+
+def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0, vllm_dtype: str | None = None):
+    """GRPOTrainer with the overrides of the module docstring (TRL is imported only here).
+
+    ``vllm_dtype``: the colocated vLLM engine's dtype (the arm's ``rollout_dtype``; None: no vLLM)."""
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
@@ -162,6 +195,10 @@ def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0):
                 torch.randperm(self.num_samples, generator=self.generator)
 
     class Trainer(GRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            with vllm_engine_dtype(vllm_dtype):
+                super().__init__(*args, **kwargs)
+
         def _get_train_sampler(self, dataset=None):
             base = super()._get_train_sampler(dataset)
             return EpochRepeatSampler(
@@ -233,6 +270,7 @@ def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0):
             groups = spread.numel()
             draws, spreads = [output], [spread]
             refills = 0
+
             # every process takes part in every draw (generation and reward gathering are collective)
             def missing() -> int:  # groups with spread still missing here (0 when full)
                 return max(0, groups - sum(int(s.sum()) for s in spreads))

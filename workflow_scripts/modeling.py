@@ -2,7 +2,8 @@
 
 - ``build_char_tokenizer``: the tiny default's character-level tokenizer (every printable ASCII
   character is a token; ``decoders.Fuse`` joins them back; left padding for batched generation).
-- ``build_tiny_llama``: a small Llama-architecture causal LM (the default base model).
+- ``build_tiny_llama``: a Llama-architecture causal LM of the ``model.tiny`` dimensions (the default
+  base model; at Qwen2.5-0.5B's dimensions with grouped-query attention, the GPU smoke check's).
 - ``load_model`` / ``load_tokenizer``: a local folder or a hub id, always with an explicit dtype
   (transformers 5 would otherwise take the dtype saved in the config), safetensors only, and
   ``trust_remote_code`` off unless the config turns it on. A failure names what could not be read: the
@@ -58,7 +59,7 @@ def build_tiny_llama(vocab_size: int, tiny_cfg: dict, tokenizer) -> LlamaForCaus
         hidden_size=tiny_cfg["hidden_size"],
         num_hidden_layers=tiny_cfg["num_layers"],
         num_attention_heads=tiny_cfg["num_heads"],
-        num_key_value_heads=tiny_cfg["num_heads"],
+        num_key_value_heads=tiny_cfg.get("num_kv_heads") or tiny_cfg["num_heads"],
         intermediate_size=tiny_cfg["intermediate_size"],
         max_position_embeddings=tiny_cfg["max_position_embeddings"],
         tie_word_embeddings=False,

@@ -20,6 +20,10 @@ jaccard_chance, ratio`` (jaccard is NaN when the union is empty; ratio is NaN wh
 ``sparsity.module_type``).
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
+
 import argparse
 import itertools
 import math

@@ -35,6 +35,13 @@ is a new config entry, never a code change.
 |               | at paper scale. (TRL alone samples in train mode: at the base, dropout  |                  |
 |               | 0.1 cut rollout reward 0.117 -> 0.023.) The KL log and evaluation       |                  |
 |               | sample in eval mode too.                                                |                  |
+| (sharded)     | train.distributed.strategy fsdp (FSDP2) keeps every arm's meaning: the  | fsdp_mixed_      |
+|               | shards are param_dtype (fp32 arm: fp32 shards, no mixed precision; bf16 |  precision       |
+|               | arm: bf16 shards, gradients and AdamW state) and FSDP casts nothing: an |                  |
+|               | autocast arm all-gathers its fp32 shards in fp32 and accelerate's       |                  |
+|               | torch.autocast lowers the matmuls to bf16, as in one process; gradients |                  |
+|               | stay fp32 and are reduce-scattered in fp32 (accelerate's own bf16 policy|                  |
+|               | would gather bf16 copies and reduce gradients in bf16: another arm).    |                  |
 | (always)      | TF32 off (allow_tf32=False for matmul and cuDNN, float32 matmul         | apply_           |
 |               | precision "highest"): a float32 arm computes in IEEE fp32 on Ampere+.   | determinism      |
 
@@ -131,6 +138,23 @@ def trainer_precision_args(mode: PrecisionMode) -> dict:
         # see the module docstring: apply_determinism does it without CUDA_LAUNCH_BLOCKING
         "full_determinism": False,
     }
+
+
+def fsdp_mixed_precision(mode: PrecisionMode):
+    """FSDP2's mixed-precision policy for the arm (accelerate's plugin ``mixed_precision_policy``).
+
+    Always the no-cast policy, passed explicitly: when the Trainer asks accelerate for bf16/fp16 (an
+    autocast arm), accelerate's ``set_mixed_precision`` would otherwise install param_dtype = reduce_dtype
+    = bf16 (bf16 copies of the weights in the forward, gradients averaged in bf16), which is not what
+    the arm means. With it, each arm's shards are its param_dtype and autocast alone lowers precision.
+    accelerate also upcasts non-fp32 trainable params to fp32 under mixed precision (fsdp2_prepare_model);
+    that touches only autocast arms, whose masters are fp32 already (and the end-of-run dtype check would
+    catch anything else).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    del mode  # the same for every arm: the point is that FSDP adds no casting of its own
+    return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, output_dtype=None)
 
 
 def apply_determinism(mode: PrecisionMode) -> dict:

@@ -6,6 +6,10 @@ bad dataset records were skipped under ``data.on_bad_row: skip``; the default ``
 stage at the first bad record, naming file, line and field).
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
+
 import argparse
 import logging
 from pathlib import Path

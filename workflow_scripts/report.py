@@ -11,6 +11,10 @@ It only formats what ``stats.analyze`` decided (stats.json), so the report and s
 disagree.
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
+
 import argparse
 import os
 import sys

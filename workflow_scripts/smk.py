@@ -12,7 +12,8 @@ module ends with the same footer::
 ``main_from`` calls the *imported* package module (not the ``__main__`` copy Snakemake executed, so
 classes and module state exist once): ``from_snakemake(snakemake)`` inside the rule's log and GPU
 slot when Snakemake runs the file, else ``main(sys.argv[1:])`` (``python -m workflow_scripts.<stage>``).
-Both paths end in the module's typed ``run(...)``.
+Both paths end in the module's typed ``run(...)``. Around them, ``startup`` keeps the garbage collector
+from taxing the job's imports and exit.
 """
 
 from __future__ import annotations
@@ -62,17 +63,23 @@ def stage_module_name(namespace: Mapping[str, Any]) -> str:
 
 def main_from(namespace: Mapping[str, Any], argv: Sequence[str] | None = None) -> None:
     """The footer of every stage module: run it as a Snakemake job or as a command line."""
-    module = importlib.import_module(stage_module_name(namespace))
-    smk = namespace.get("snakemake")
-    if smk is None:
-        sys.exit(module.main(list(sys.argv[1:] if argv is None else argv)))
-    from workflow_scripts.gpu_slots import gpu_slot
-    from workflow_scripts.threads import limit_threads
+    from workflow_scripts import startup
 
-    log = smk.log[0] if len(smk.log) else None
-    with rule_logging(log), gpu_slot(smk.resources.get("gpu", 0)):
-        limit_threads(smk.threads)
-        module.from_snakemake(smk)
+    module = importlib.import_module(stage_module_name(namespace))
+    startup.imports_done()
+    smk = namespace.get("snakemake")
+    try:
+        if smk is None:
+            sys.exit(module.main(list(sys.argv[1:] if argv is None else argv)))
+        from workflow_scripts.gpu_slots import gpu_slot
+        from workflow_scripts.threads import limit_threads
+
+        log = smk.log[0] if len(smk.log) else None
+        with rule_logging(log), gpu_slot(smk.resources.get("gpu", 0)):
+            limit_threads(smk.threads)
+            module.from_snakemake(smk)
+    finally:
+        startup.before_exit()
 
 
 def parse_pairs(items: Sequence[str] | None, what: str = "NAME=VALUE") -> dict[str, str]:

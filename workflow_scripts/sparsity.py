@@ -57,6 +57,10 @@ Speed: ~25 vectorised numpy passes per cache-sized chunk, single-threaded by def
 splits windows over worker threads). bench/bench_sparsity.py measures it against the I/O floor.
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
+
 import argparse
 import os
 import re

@@ -22,6 +22,10 @@ n_problems`` give the bound J(1-J)/(n N)), ``kl_k3`` (+ ``kl_k3_se``), ``diverge
 Config: the schema's ``analysis`` section; missing keys take the schema's defaults (the only copy).
 """
 
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
+
 import argparse
 import copy
 import functools

@@ -21,17 +21,21 @@ fast-forwarding the data loader, so a resumed deterministic run ends bit-identic
 one. After a successful run the checkpoint folder is deleted (optimizer state is ~3x the model).
 
 GPU path: ``train.use_vllm`` generates with vLLM colocated on the training GPUs (``pip install
-'.[gpu]'``; vllm is imported only when enabled). Several GPUs (data parallel) run through accelerate::
-
-    accelerate launch --num_processes 4 -m workflow_scripts.train --config config.yaml \\
-        --precision bf16 --seed 1 --threads 8
-
-(the per-device batch is divided by the world size, so the effective batch is unchanged).
+'.[gpu]'``; vllm is imported only when enabled). Several processes: ``train.distributed`` (processes,
+ddp or fsdp); with more than one, ``from_snakemake`` (and ``main``) launch ``accelerate launch ... -m
+workflow_scripts.train --job <spec>`` themselves (``launch``), each rank's output in the rule's log. The
+per-device batch is divided by the world size, so the effective batch is unchanged. Only rank 0 writes
+the outputs; run.json records the world size, the strategy and each rank's dtypes and autocast.
 """
+
+from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+
+# isort: split
 
 import argparse
 import json
 import logging
+import os
 import platform
 import shutil
 import time
@@ -40,6 +44,7 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
+from transformers import TrainerCallback
 
 from workflow_scripts import paths
 from workflow_scripts.atomic import atomic_dir, write_json, write_text
@@ -54,10 +59,12 @@ from workflow_scripts.grpo_config import (
     gate_vllm,
     grpo_config,
     reward_functions,
+    strategy,
     tracking_env,
     world_size_from_env,
 )
-from workflow_scripts.grpo_trainer import make_trainer_class
+from workflow_scripts.grpo_trainer import make_trainer_class, rollout_dtype
+from workflow_scripts.launch import launch_training, resolve_processes
 from workflow_scripts.metrics_log import (
     MetricsLogger,
     kl_prompt_sample,
@@ -78,11 +85,12 @@ from workflow_scripts.precision import (
     summarize_dtypes,
 )
 from workflow_scripts.representable import representable_update
+from workflow_scripts.resources import rule_resources
 from workflow_scripts.rows import read_rows
 from workflow_scripts.smk import main_from
 from workflow_scripts.train_health import NonFiniteGuard, assess_health
 
-__all__ = ["from_snakemake", "main", "read_metrics", "run", "train_run"]
+__all__ = ["from_snakemake", "job_from_config", "main", "read_metrics", "run", "run_or_launch", "train_run"]
 
 log = logging.getLogger("train")
 
@@ -122,11 +130,75 @@ def _versions() -> dict:
     }
 
 
+def _peak_gpu_memory_gb() -> float | None:
+    """Peak GiB the PyTorch allocator held on this process's GPU (a colocated vLLM's KV cache included)."""
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def _vllm_record(trainer) -> dict:
+    """Whether TRL generated the rollouts with vLLM and the dtype its engine ran in (vLLM picks its own
+    for a float32 checkpoint unless told), read from the trainer, not the config."""
+    generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    if generation is None:
+        return {"used": False, "mode": None, "dtype": None}
+    engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
+    dtype = getattr(getattr(engine, "model_config", None), "dtype", None)
+    mode = getattr(generation, "mode", None)
+    return {"used": True, "mode": mode, "dtype": str(dtype).removeprefix("torch.")}
+
+
 def _training_kind(path: Path, rows: list[dict]) -> str:
     kinds = sorted({r["kind"] for r in rows})
     if len(kinds) != 1:
         raise ValueError(f"{path}: training rows must share one verifier kind, got {kinds}")
     return kinds[0]
+
+
+def _check_distribution(accelerator, train_cfg: Mapping, world: int) -> None:
+    """The processes and strategy asked for are the ones accelerate runs (it falls back silently: FSDP
+    requested on CPU processes becomes plain data parallel)."""
+    if accelerator.num_processes != world:
+        raise RuntimeError(
+            f"WORLD_SIZE is {world}, but accelerate runs {accelerator.num_processes} processes"
+        )
+    if strategy(train_cfg) == "fsdp" and accelerator.distributed_type.name != "FSDP":
+        raise RuntimeError(
+            f"train.distributed.strategy: fsdp, but accelerate runs {accelerator.distributed_type.name} "
+            "(FSDP needs one GPU per process)"
+        )
+
+
+def _rank_records(accelerator, start: dict, end: dict, probe: AutocastProbe) -> list[dict]:
+    """What every rank saw (dtypes of its trainable tensors, or shards, at start and end; autocast
+    observed in its first forward), gathered on all ranks in rank order."""
+    from accelerate.utils import gather_object
+
+    mine = {
+        "rank": accelerator.process_index,
+        "device": str(accelerator.device),
+        "dtypes_start": summarize_dtypes(start),
+        "dtypes_end": summarize_dtypes(end),
+        "autocast_observed": probe.record,
+    }
+    return sorted(gather_object([mine]), key=lambda r: r["rank"])
+
+
+class _KLPartner(TrainerCallback):
+    """FSDP: a KL measurement's forwards all-gather shards, so every rank must run it; the main process
+    measures and logs (MetricsLogger), the other ranks run the same measurement alongside and drop it."""
+
+    def __init__(self, logger: MetricsLogger) -> None:
+        self.logger = logger
+
+    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+        lg = self.logger
+        step = state.global_step
+        if state.is_world_process_zero or "train_runtime" in (logs or {}) or lg.reference is None:
+            return
+        if lg.kl_every and (step % lg.kl_every == 0 or step == lg.max_steps):
+            lg.measure_kl(model, step)
 
 
 def train_run(
@@ -140,23 +212,30 @@ def train_run(
     threads: int = 1,
     callbacks: list | None = None,
 ) -> dict:
-    """``run`` with the sections taken from a whole (validated) config: the CLI's and the tests' form."""
+    """``run`` with the sections taken from a whole (validated) config: the tests' form (one process)."""
+    job = job_from_config(config, precision, seed, data_dir, base_dir, out_dir, ckpt_dir)
+    return run(**job, threads=threads, callbacks=callbacks)
+
+
+def job_from_config(
+    config: Mapping, precision: str, seed: int, data_dir, base_dir, out_dir, ckpt_dir
+) -> dict:
+    """``run``'s arguments (but threads) from a whole (validated) config, as JSON: what ``--job`` reads."""
     if precision not in config["precisions"]:
         raise KeyError(f"unknown precision {precision!r}; configured: {sorted(config['precisions'])}")
-    return run(
-        dict(config["train"]),
-        precision,
-        dict(config["precisions"][precision]),
-        dict(config.get("model", {})),
-        seed,
-        data_dir,
-        base_dir,
-        out_dir,
-        ckpt_dir,
-        threads=threads,
-        callbacks=callbacks,
-        verifier=config["data"]["train"]["verifier"] if "data" in config else None,
-    )
+    model = config.get("model", {})
+    return {
+        "train": dict(config["train"]),
+        "precision": precision,
+        "mode": dict(config["precisions"][precision]),
+        "model": {k: model[k] for k in ("dtype", "trust_remote_code") if k in model},
+        "seed": int(seed),
+        "data_dir": str(data_dir),
+        "base_dir": str(base_dir),
+        "out_dir": str(out_dir),
+        "ckpt_dir": str(ckpt_dir),
+        "verifier": dict(config["data"]["train"]["verifier"]) if "data" in config else None,
+    }
 
 
 def run(
@@ -186,6 +265,7 @@ def run(
     check_supported(mode, device)
     determinism = apply_determinism(mode)
     world = world_size_from_env(None)
+    sharded = strategy(train_cfg) == "fsdp"
     args = grpo_config(train_cfg, mode, seed, ckpt_dir, world)  # checks the train section once
     if args.steps_per_generation * args.num_iterations <= args.gradient_accumulation_steps:
         log.warning(
@@ -224,9 +304,11 @@ def run(
     policy = load_policy(base_dir, mode, trust)
     start_dtypes = check_param_dtypes(policy, mode)
     representable = representable_update(policy, train_cfg["learning_rate"])
-    reference = load_model(base_dir, model.get("dtype", "float32"), trust).to(device).eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
+    reference = None  # the KL log's base model: only the rank that logs needs it (all of them under FSDP)
+    if state.is_main_process or sharded:
+        reference = load_model(base_dir, model.get("dtype", "float32"), trust).to(device).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
 
     logger = MetricsLogger(
         live_metrics,
@@ -243,7 +325,9 @@ def run(
     from transformers.trainer_callback import PrinterCallback
 
     trainer_class = make_trainer_class(
-        bool(train_cfg["dynamic_sampling"]), int(train_cfg["dynamic_sampling_max_rounds"])
+        bool(train_cfg["dynamic_sampling"]),
+        int(train_cfg["dynamic_sampling_max_rounds"]),
+        vllm_dtype=rollout_dtype(mode.param_dtype, mode.autocast) if train_cfg["use_vllm"] else None,
     )
     with tracking_env(train_cfg["report_to"], out_dir):  # for the whole training (wandb.init is late)
         trainer = trainer_class(
@@ -252,9 +336,15 @@ def run(
             args=args,
             train_dataset=_train_dataset(rows),
             processing_class=tokenizer,
-            callbacks=[NonFiniteGuard(), logger, *(callbacks or [])],
+            callbacks=[
+                NonFiniteGuard(),
+                logger,
+                *([_KLPartner(logger)] if sharded else []),
+                *(callbacks or []),
+            ],
         )
         trainer.remove_callback(PrinterCallback)
+        _check_distribution(trainer.accelerator, train_cfg, world)
         probe = AutocastProbe(trainer.model)
         train_start = time.perf_counter()
         try:
@@ -264,7 +354,10 @@ def run(
             probe.close()
     train_wall = time.perf_counter() - train_start
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    end_dtypes = check_param_dtypes(policy, mode)
+    end_dtypes = check_param_dtypes(policy, mode)  # under FSDP: this rank's shards
+    ranks = _rank_records(trainer.accelerator, start_dtypes, end_dtypes, probe)
+    # FSDP: the whole tensors are gathered (a collective: every rank calls it); rank 0 gets them
+    full_state = trainer.accelerator.get_state_dict(trainer.model) if sharded else None
 
     record: dict = {}
     if trainer.accelerator.is_main_process:
@@ -275,7 +368,7 @@ def run(
                 f"{live_metrics}: expected steps 1..{train_cfg['max_steps']}, got {len(steps)} lines"
             )
         with atomic_dir(out_dir / "model") as tmp:
-            policy.save_pretrained(tmp, safe_serialization=True)
+            policy.save_pretrained(tmp, safe_serialization=True, state_dict=full_state)
             tokenizer.save_pretrained(tmp)
             written = check_saved_dtypes(tmp, mode)
         write_text(out_dir / "metrics.jsonl", live_metrics.read_text(encoding="utf-8"))
@@ -288,7 +381,12 @@ def run(
             "mode": mode.as_dict(),
             "seed": seed,
             "device": device,
+            "peak_gpu_memory_gb": _peak_gpu_memory_gb(),
+            "vllm": _vllm_record(trainer),
             "world_size": world,
+            "strategy": strategy(train_cfg),
+            "distributed_type": trainer.accelerator.distributed_type.name,
+            "ranks": ranks,
             "threads": threads,
             "versions": _versions(),
             "config_hash": section_hash(train_cfg, mode.as_dict(), seed),
@@ -337,20 +435,32 @@ def run(
     return record
 
 
+def run_or_launch(job: dict, processes: int, threads: int = 1, log_path: str | None = None) -> None:
+    """``run(**job)`` here (one process, or already a launched rank), else ``processes`` processes through
+    ``accelerate launch`` (``launch``; ``threads`` split between them, output to ``log_path``)."""
+    if processes == 1 or "WORLD_SIZE" in os.environ:
+        run(**job, threads=threads)
+    else:
+        launch_training(job, processes, threads, log_path)
+
+
 def from_snakemake(smk) -> None:
-    run(
-        dict(smk.params.train),
-        smk.wildcards.precision,
-        dict(smk.params.precision),
-        dict(smk.params.model),
-        int(smk.wildcards.seed),
-        Path(smk.input.train).parent,
-        smk.input.base,
-        Path(smk.output.run).parent,
-        smk.params.checkpoints,
-        threads=smk.threads,
-        verifier=dict(smk.params.verifier),
-    )
+    train = dict(smk.params.train)
+    job = {
+        "train": train,
+        "precision": smk.wildcards.precision,
+        "mode": dict(smk.params.precision),
+        "model": dict(smk.params.model),
+        "seed": int(smk.wildcards.seed),
+        "data_dir": str(Path(smk.input.train).parent),
+        "base_dir": str(smk.input.base),
+        "out_dir": str(Path(smk.output.run).parent),
+        "ckpt_dir": str(smk.params.checkpoints),
+        "verifier": dict(smk.params.verifier),
+    }
+    # the GPUs the job was really scheduled with (resources.train.gpus, or a --set-resources override)
+    processes = resolve_processes(train.get("distributed"), int(smk.resources.get("gpu", 0)))
+    run_or_launch(job, processes, smk.threads, smk.log[0] if len(smk.log) else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,19 +468,31 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", default="config.yaml")
-    parser.add_argument("--precision", required=True)
-    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--precision")
+    parser.add_argument("--seed", type=int)
     parser.add_argument("--data", default=str(paths.data_dir()))
     parser.add_argument("--base", default=str(paths.base_model_dir()))
     parser.add_argument("--out", default=None, help="default results/train/{precision}/seed{seed}")
     parser.add_argument("--ckpt", default=None, help="default results/checkpoints/{precision}/seed{seed}")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="threads of the run (all processes); --job: of this process"
+    )
+    parser.add_argument(
+        "--job", default=None, help="a JSON of run()'s arguments (what the launcher gives each process)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.job:
+        run(**json.loads(Path(args.job).read_text(encoding="utf-8")), threads=args.threads)
+        return 0
+    if args.precision is None or args.seed is None:
+        parser.error("--precision and --seed are required (or --job)")
     config = load_config(args.config)
     out = args.out or paths.train_dir(args.precision, args.seed)
     ckpt = args.ckpt or paths.checkpoint_dir(args.precision, args.seed)
-    train_run(config, args.precision, args.seed, args.data, args.base, out, ckpt, args.threads)
+    job = job_from_config(config, args.precision, args.seed, args.data, args.base, out, ckpt)
+    gpus = rule_resources(config, "train")["gpus"] if "resources" in config else 0
+    run_or_launch(job, resolve_processes(config["train"].get("distributed"), gpus), args.threads)
     return 0
 
 

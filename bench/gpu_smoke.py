@@ -1,0 +1,552 @@
+"""GPU smoke check, the reader: one JSON of checks and figures from a finished run of config.gpu-smoke.yaml.
+
+``bench/gpu_smoke.sh`` runs the workflow on that config into a work folder, then ``report`` here. It reads
+the run's own outputs (run.json, metrics.jsonl, the eval and KL summaries, the sparsity summaries,
+benchmarks/) and adds two measurements of its own:
+
+- **resume**: the deterministic fp32 arm trained again, in a child process that SIGKILLs itself right
+  after its first checkpoint is written, then resumed in a second child; the resumed weights must be
+  bit-identical to the workflow's uninterrupted run, and that run must have moved away from the base
+  (identical unchanged weights would prove nothing);
+- **HF vs vLLM**: the on-task evaluation of that run repeated with the HF sampler (``evaluate.run`` into
+  a scratch folder, same seed and settings), for tokens/s and for pass@1 agreement between samplers.
+
+| check               | pass when                                                              | GPU only |
+|---------------------|------------------------------------------------------------------------|----------|
+| workflow            | snakemake exited 0 and every target of the config exists               |          |
+| device.<arm>        | the arm trained on cuda                                                | yes      |
+| dtypes.<arm>        | every trainable tensor at start and end, and every saved one, is the   |          |
+|                     | arm's param_dtype                                                      |          |
+| autocast.<arm>      | the autocast state seen inside the first forward is the one requested  |          |
+| determinism.<arm>   | deterministic algorithms on exactly in the deterministic arms          |          |
+| vllm_train.<arm>    | the trainer generated the rollouts with vLLM, in the arm's dtype       | yes      |
+| vllm_eval           | every evaluation sampled with vLLM                                     | yes      |
+| hf_vs_vllm_pass1    | HF and vLLM pass@1 of the same run differ by <= 4 SE + 0.02            | yes      |
+| base_kl_zero        | KL of every base run to itself is 0 (abs <= 1e-6)                       |          |
+| resume_bit_identical| killed + resumed fp32 weights == uninterrupted ones, which moved        |          |
+| peak_gpu_memory     | the device's memory was sampled and its peak stayed under 95% of total  | yes      |
+| time_budget         | workflow + this script took <= 480 s                                    | yes      |
+
+Status is "pass", "fail" or "not applicable on CPU" (a GPU-only check on a machine without CUDA: never
+"pass"). Exit status 1 when any check fails. Eval tokens/s are the evaluate job's own ``generate_s``:
+for vLLM it includes building the engine (``vllm.LLM``), for HF the model is already loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from workflow_scripts import paths  # noqa: E402
+from workflow_scripts.atomic import write_json  # noqa: E402
+from workflow_scripts.config import load_config  # noqa: E402
+from workflow_scripts.metrics_log import read_metrics  # noqa: E402
+
+PASS, FAIL, NA = "pass", "fail", "not applicable on CPU"
+TIME_BUDGET_S = 480.0
+KL_ZERO_TOL = 1e-6
+MEMORY_SHARE = 0.95
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"missing output: {path}") from None
+
+
+class Report:
+    """Checks (name -> {status, value, expected}) and figures; a check that raises is a failure."""
+
+    def __init__(self, gpu: bool) -> None:
+        self.gpu = gpu
+        self.checks: dict[str, dict] = {}
+        self.figures: dict[str, Any] = {}
+
+    def check(self, name: str, expected: str, fn: Callable[[], tuple[bool, Any]], gpu_only: bool = False):
+        try:
+            ok, value = fn()
+            status = PASS if ok else FAIL
+        except Exception as err:  # the JSON must say what broke, whatever broke
+            status, value = FAIL, f"{type(err).__name__}: {err}"
+        if gpu_only and not self.gpu:
+            status = NA
+        self.checks[name] = {"status": status, "value": value, "expected": expected}
+
+    def figure(self, name: str, fn: Callable[[], Any]) -> None:
+        try:
+            self.figures[name] = fn()
+        except Exception as err:
+            self.figures[name] = {"error": f"{type(err).__name__}: {err}"}
+
+    @property
+    def failed(self) -> list[str]:
+        return [n for n, c in self.checks.items() if c["status"] == FAIL]
+
+
+# ----------------------------------------------------------------------------- what the run recorded
+
+
+def arm_checks(report: Report, config: dict, res: Path) -> None:
+    seed = config["seeds"][0]
+    for arm, mode in config["precisions"].items():
+        run_json = paths.train_dir(arm, seed, res) / "run.json"
+
+        def record(run_json=run_json) -> dict:
+            return read_json(run_json)
+
+        def dtypes(mode=mode, record=record):
+            rec = record()
+            seen = {k: rec[k] for k in ("dtypes_start", "dtypes_end", "dtypes_saved")}
+            return all(set(v) == {mode["param_dtype"]} for v in seen.values()), seen
+
+        def autocast(mode=mode, record=record):
+            observed = record()["autocast"]["observed"] or {}
+            want = mode["autocast"]
+            computes = want or mode["param_dtype"]
+            ok = (
+                observed.get("enabled") == (want is not None)
+                and observed.get("dtype") == want
+                and observed.get("layer_output_dtype") == computes
+            )
+            return ok, observed
+
+        def determinism(mode=mode, record=record):
+            det = record()["determinism"]
+            return det["use_deterministic_algorithms"] == mode["deterministic"], det
+
+        def device(record=record):
+            return record()["device"] == "cuda", record()["device"]
+
+        def vllm_train(record=record, mode=mode):
+            rec = record()
+            vllm = rec.get("vllm") or {}
+            # the engine samples in the arm's rollout dtype (vLLM's "auto" would give an fp32 arm bf16)
+            want = mode["autocast"] or mode["param_dtype"]
+            ok = bool(vllm.get("used")) and str(vllm.get("dtype", "")).removeprefix("torch.") == want
+            return ok, {"requested": rec["train"]["use_vllm"], "rollout_dtype": want, **vllm}
+
+        report.check(f"dtypes.{arm}", f"all tensors {mode['param_dtype']}", dtypes)
+        report.check(f"autocast.{arm}", f"autocast {mode['autocast']}", autocast)
+        report.check(f"determinism.{arm}", f"deterministic algorithms {mode['deterministic']}", determinism)
+        report.check(f"device.{arm}", "cuda", device, gpu_only=True)
+        report.check(f"vllm_train.{arm}", "rollouts from vLLM", vllm_train, gpu_only=True)
+        report.figure(
+            f"train.{arm}", lambda arm=arm, record=record: train_figures(config, arm, record(), res)
+        )
+
+
+def train_figures(config: dict, arm: str, record: dict, res: Path) -> dict:
+    """Throughput, memory and what training did, from run.json, metrics.jsonl and the sparsity summary."""
+    seed = config["seeds"][0]
+    train = config["train"]
+    metrics = read_metrics(paths.train_dir(arm, seed, res) / "metrics.jsonl")
+    batch = train["prompts_per_step"] * train["num_generations"]
+    trained = sum(batch * (r["completion_length"] or 0) for r in metrics)
+    generated = sum(
+        (r["rollouts_drawn"] or 0) * train["num_generations"] * (r["completion_length"] or 0)
+        for r in metrics
+        if r["generation_step"]
+    )
+    wall = record["train_wall_s"]
+    sparsity = read_json(paths.sparsity_summary(arm, seed, res))["model"]
+    kls = [r["kl_k3"] for r in metrics if r["kl_k3"] is not None]
+    return {
+        "train_wall_s": wall,
+        "s_per_step": record["s_per_step"],
+        "trained_completion_tokens_per_s": round(trained / wall, 1) if wall else None,
+        "generated_completion_tokens_per_s": round(generated / wall, 1) if wall else None,
+        "peak_gpu_memory_gb": record.get("peak_gpu_memory_gb"),
+        "vllm": record.get("vllm"),
+        "reward_first_last": [metrics[0]["reward"], metrics[-1]["reward"]] if metrics else None,
+        "kl_k3_last": kls[-1] if kls else None,
+        "weights_changed_fraction": 1.0 - sparsity["equal_stored_fraction"],
+        "changed_fraction_by_eta": sparsity["changed_fraction"],
+        "representable_update": (record.get("representable_update") or {}).get("whole_model"),
+    }
+
+
+def eval_tokens_per_s(summary: dict) -> float | None:
+    seconds = summary["timing"]["generate_s"]
+    tokens = summary["counts"]["samples"] * summary["mean_length"]
+    return round(tokens / seconds, 1) if seconds else None
+
+
+def eval_checks(report: Report, config: dict, res: Path) -> None:
+    runs, tasks = paths.run_names(config), list(config["data"]["tasks"])
+
+    def summaries() -> dict:
+        return {f"{r}/{t}": read_json(paths.eval_summary(r, t, res)) for r in runs for t in tasks}
+
+    def vllm_eval():
+        backends = {k: s["backend"] for k, s in summaries().items()}
+        return set(backends.values()) == {"vllm"}, backends
+
+    def base_kl():
+        values = {}
+        for r in paths.base_runs(config):
+            for t in tasks:
+                kl = read_json(paths.kl_summary(r, t, res))
+                values[f"{r}/{t}"] = {"k1": kl["k1_mean"], "k3": kl["k3_mean"]}
+        ok = all(abs(v["k1"]) <= KL_ZERO_TOL and abs(v["k3"]) <= KL_ZERO_TOL for v in values.values())
+        return ok, values
+
+    report.check("vllm_eval", "every evaluation sampled with vllm", vllm_eval, gpu_only=True)
+    report.check("base_kl_zero", f"|k1|, |k3| <= {KL_ZERO_TOL} for every base run", base_kl)
+
+    def eval_figures() -> dict:
+        out = {}
+        for key, s in summaries().items():
+            kl = read_json(paths.kl_summary(*key.split("/"), res))
+            out[key] = {
+                "backend": s["backend"],
+                "dtype": s["dtype"],
+                "pass_at_1": s["pass_at_1"],
+                "dJ": s["dJ"],
+                "generate_s": s["timing"]["generate_s"],
+                "tokens_per_s": eval_tokens_per_s(s),
+                "kl_k1": kl["k1_mean"],
+                "kl_k3": kl["k3_mean"],
+            }
+        return out
+
+    report.figure("eval", eval_figures)
+
+
+def stage_seconds(workdir: Path) -> dict[str, float]:
+    """Rule -> summed job seconds (the first column of every benchmarks/<rule>/... tsv)."""
+    totals: dict[str, float] = {}
+    for tsv in sorted((workdir / "benchmarks").rglob("*.tsv")):
+        rule = tsv.relative_to(workdir / "benchmarks").parts[0]
+        with open(tsv, encoding="utf-8") as fh:
+            rows = list(csv.reader(fh, delimiter="\t"))
+        if len(rows) >= 2:
+            totals[rule] = round(totals.get(rule, 0.0) + float(rows[1][0]), 1)
+    return totals
+
+
+def device_memory_peak(csv_path: Path) -> dict:
+    """Peak and total MiB of ``nvidia-smi --query-gpu=memory.used,memory.total`` samples (csv, no units)."""
+    used, total = [], []
+    for line in csv_path.read_text(encoding="utf-8").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            used.append(int(parts[0]))
+            total.append(int(parts[1]))
+    if not used:
+        raise ValueError(f"{csv_path}: no memory samples")
+    return {"peak_mib": max(used), "total_mib": max(total), "samples": len(used)}
+
+
+# ---------------------------------------------------------------------------------- resume (fp32 arm)
+
+
+def resume_arm(config: dict) -> str | None:
+    return next(
+        (a for a, m in config["precisions"].items() if m["deterministic"] and m["param_dtype"] == "float32"),
+        None,
+    )
+
+
+def child_command(config_path: Path, res: Path, arm: str, seed: int, out: Path, ckpt: Path) -> list[str]:
+    return [
+        sys.executable, str(Path(__file__).resolve()), "train-child", "--config", str(config_path),
+        "--precision", arm, "--seed", str(seed), "--data", str(paths.data_dir(res)),
+        "--base", str(paths.base_model_dir(res)), "--out", str(out), "--ckpt", str(ckpt),
+    ]  # fmt: skip
+
+
+def tensors_identical(a: Path, b: Path) -> bool:
+    import torch
+    from safetensors.torch import load_file
+
+    x, y = load_file(a), load_file(b)
+    return x.keys() == y.keys() and all(
+        x[k].dtype == y[k].dtype
+        and x[k].shape == y[k].shape
+        and torch.equal(x[k].view(torch.uint8), y[k].view(torch.uint8))
+        for k in x
+    )
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resume_check(
+    config_path: Path, config: dict, res: Path, scratch: Path, timeout: int
+) -> tuple[bool, dict]:
+    """Kill a fresh run of the fp32 arm right after its first checkpoint, resume it, compare weights."""
+    from workflow_scripts.grpo_config import save_steps
+
+    arm = resume_arm(config)
+    if arm is None:
+        return False, "no deterministic float32 arm in the config"
+    seed, steps, first = config["seeds"][0], config["train"]["max_steps"], save_steps(config["train"])
+    if first >= steps:
+        return False, f"first checkpoint (step {first}) is not before the last step ({steps})"
+    folder = scratch / "resume"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    out, ckpt = folder / "out", folder / "ckpt"
+    cmd = child_command(config_path, res, arm, seed, out, ckpt)
+    value: dict[str, Any] = {"arm": arm, "seed": seed, "killed_after_step": first, "steps": steps}
+    with open(folder / "killed.log", "w", encoding="utf-8") as log:
+        killed = subprocess.run([*cmd, "--kill-at", str(first)], stdout=log, stderr=subprocess.STDOUT,
+                                timeout=timeout, cwd=folder)  # fmt: skip
+    value["killed_returncode"] = killed.returncode
+    if killed.returncode != -signal.SIGKILL:
+        return False, {
+            **value,
+            "error": f"the first child did not die by SIGKILL; see {folder / 'killed.log'}",
+        }
+    with open(folder / "resumed.log", "w", encoding="utf-8") as log:
+        resumed = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=folder)
+    value["resumed_returncode"] = resumed.returncode
+    if resumed.returncode != 0:
+        return False, {**value, "error": f"the resumed child failed; see {folder / 'resumed.log'}"}
+    record = read_json(out / "run.json")
+    value["resumed_from_step"] = record["resumed_from_step"]
+    straight = paths.train_dir(arm, seed, res) / "model" / "model.safetensors"
+    again = out / "model" / "model.safetensors"
+    base = paths.base_model_dir(res) / "model.safetensors"
+    value["file_identical"] = sha256(straight) == sha256(again)
+    value["tensors_identical"] = tensors_identical(straight, again)
+    value["moved_from_base"] = not tensors_identical(straight, base)
+    keys = ("loss", "grad_norm", "reward")
+    ours = [[r[k] for k in keys] for r in read_metrics(out / "metrics.jsonl")]
+    theirs = [[r[k] for k in keys] for r in read_metrics(paths.train_dir(arm, seed, res) / "metrics.jsonl")]
+    value["metrics_identical"] = ours == theirs
+    ok = record["resumed"] and record["resumed_from_step"] == first and value["tensors_identical"]
+    return bool(ok and value["moved_from_base"]), value
+
+
+def train_child(args: argparse.Namespace) -> int:
+    """One training run of the workflow's train stage (same config, same threads as its job)."""
+    from workflow_scripts.resources import job_threads
+    from workflow_scripts.threads import limit_threads
+
+    config = load_config(args.config)
+    threads = job_threads(config, "train")
+    limit_threads(threads)
+    from transformers import TrainerCallback
+
+    from workflow_scripts.train import train_run
+
+    class KillAfterCheckpoint(TrainerCallback):
+        """SIGKILL this process once the checkpoint of step ``at`` is complete (a job killed mid-run)."""
+
+        def __init__(self, at: int) -> None:
+            self.at = at
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == self.at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    callbacks = [KillAfterCheckpoint(args.kill_at)] if args.kill_at else []
+    train_run(config, args.precision, args.seed, args.data, args.base, args.out, args.ckpt,
+              threads=threads, callbacks=callbacks)  # fmt: skip
+    return 0
+
+
+# ------------------------------------------------------------------------------- HF re-evaluation
+
+
+def hf_reeval(config: dict, res: Path, scratch: Path) -> dict:
+    """The on-task evaluation of the fp32 arm's run again, with the HF sampler, into ``scratch``."""
+    from workflow_scripts import evaluate
+    from workflow_scripts.resources import job_threads
+
+    arm = resume_arm(config) or next(iter(config["precisions"]))
+    run = paths.run_name(arm, config["seeds"][0])
+    task = next(t for t, s in config["data"]["tasks"].items() if s["role"] == "on_task")
+    reference = paths.reference_spec(config, run)
+    out = scratch / "eval_hf"
+    summary, _ = evaluate.run(
+        model=paths.model_dir(run, res), base=paths.base_model_dir(res), data=paths.eval_data(task, res),
+        samples_out=out / f"{task}.samples.parquet", summary_out=out / f"{task}.json",
+        kl_out=out / f"{task}.kl.json", eval_cfg={**config["eval"], "backend": "hf"},
+        task_cfg=config["data"]["tasks"][task], run=run, task=task,
+        base_samples=paths.eval_samples(reference["reference_run"], task, res),
+        threads=job_threads(config, "evaluate"), trust_remote_code=config["model"]["trust_remote_code"],
+        **reference,
+    )  # fmt: skip
+    return {
+        "run": run,
+        "task": task,
+        "summary": summary,
+        "workflow": read_json(paths.eval_summary(run, task, res)),
+    }
+
+
+def compare_backends(hf: dict) -> tuple[bool, dict]:
+    a, b = hf["workflow"], hf["summary"]
+    se = math.sqrt((a["pass_at_1_se"] or 0.0) ** 2 + (b["pass_at_1_se"] or 0.0) ** 2)
+    diff = a["pass_at_1"] - b["pass_at_1"]
+    value = {
+        "run": hf["run"],
+        "task": hf["task"],
+        f"pass_at_1_{a['backend']}": a["pass_at_1"],
+        "pass_at_1_hf": b["pass_at_1"],
+        "difference": diff,
+        "allowed": 4 * se + 0.02,
+    }
+    return abs(diff) <= 4 * se + 0.02, value
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+def device_info() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"cuda": False, "torch": torch.__version__}
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "cuda": True,
+        "name": props.name,
+        "total_memory_gib": round(props.total_memory / 2**30, 2),
+        "torch": torch.__version__,
+        "cuda_version": torch.version.cuda,
+    }
+
+
+def build_report(args: argparse.Namespace) -> Report:
+    started = time.perf_counter()
+    config_path, workdir = Path(args.config).resolve(), Path(args.workdir).resolve()
+    config = load_config(config_path)
+    res = workdir / paths.RESULTS
+    scratch = workdir / "gpu_smoke"
+    device = device_info()
+    report = Report(gpu=device["cuda"])
+    report.figures["device"] = device
+
+    def workflow():
+        missing = [str(p) for p in expected_targets(config, res) if not p.exists()]
+        return args.snakemake_rc == 0 and not missing, {"snakemake_rc": args.snakemake_rc, "missing": missing}
+
+    report.check("workflow", "snakemake exit 0, every target present", workflow)
+    report.figure("base_model", lambda: read_json(paths.base_record(res)))
+    arm_checks(report, config, res)
+    eval_checks(report, config, res)
+    report.check(
+        "resume_bit_identical",
+        "killed after the first checkpoint + resumed == uninterrupted, bit for bit; weights moved",
+        lambda: resume_check(config_path, config, res, scratch, args.child_timeout),
+    )
+    hf: dict = {}
+
+    def backends():
+        hf.update(hf_reeval(config, res, scratch))
+        return compare_backends(hf)
+
+    report.check("hf_vs_vllm_pass1", "|pass@1 vllm - pass@1 hf| <= 4 SE + 0.02", backends, gpu_only=True)
+
+    def eval_speed() -> dict:
+        out = {"run": hf["run"], "task": hf["task"]}
+        for summary in (hf["workflow"], hf["summary"]):
+            out[f"{summary['backend']}_tokens_per_s"] = eval_tokens_per_s(summary)
+            out[f"{summary['backend']}_generate_s"] = summary["timing"]["generate_s"]
+        out["note"] = "vllm generate_s includes building the engine; hf's excludes the model load"
+        return out
+
+    report.figure("eval_speed", eval_speed)
+    report.figure("stage_seconds", lambda: stage_seconds(workdir))
+
+    def memory():
+        if not args.memory_log:
+            raise FileNotFoundError("no device memory samples (no GPU, or nvidia-smi missing)")
+        peak = device_memory_peak(Path(args.memory_log))
+        return peak["peak_mib"] < MEMORY_SHARE * peak["total_mib"], peak
+
+    report.check(
+        "peak_gpu_memory", f"sampled, peak < {MEMORY_SHARE:.0%} of the device", memory, gpu_only=True
+    )
+    smoke_s = time.perf_counter() - started
+    total = args.snakemake_seconds + smoke_s
+    report.figures["wall_s"] = {
+        "snakemake": round(args.snakemake_seconds, 1),
+        "gpu_smoke_py": round(smoke_s, 1),
+        "total": round(total, 1),
+    }
+    budget = (total <= TIME_BUDGET_S, round(total, 1))
+    report.check("time_budget", f"<= {TIME_BUDGET_S:.0f} s", lambda: budget, gpu_only=True)
+    return report
+
+
+def expected_targets(config: dict, res: Path) -> list[Path]:
+    runs, tasks = paths.run_names(config), list(config["data"]["tasks"])
+    arms, seeds = list(config["precisions"]), config["seeds"]
+    return [
+        paths.base_record(res),
+        *(paths.train_dir(a, s, res) / "run.json" for a in arms for s in seeds),
+        *(paths.eval_summary(r, t, res) for r in runs for t in tasks),
+        *(paths.kl_summary(r, t, res) for r in runs for t in tasks),
+        *(paths.sparsity_summary(a, s, res) for a in arms for s in seeds),
+        *(paths.overlap_table(a, res) for a in arms),
+        paths.analysis_dir(res) / "stats.json",
+        paths.analysis_dir(res) / "report.md",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="checks and figures of a finished smoke run -> one JSON")
+    rep.add_argument("--config", required=True, help="the config the workflow ran with")
+    rep.add_argument("--workdir", required=True, help="the workflow's working directory (results/ inside)")
+    rep.add_argument("--out", required=True, help="the JSON to write")
+    rep.add_argument("--snakemake-rc", type=int, required=True)
+    rep.add_argument("--snakemake-seconds", type=float, required=True)
+    rep.add_argument("--memory-log", default="", help="nvidia-smi memory samples (csv); absent on CPU")
+    rep.add_argument("--child-timeout", type=int, default=900, help="seconds per resume training child")
+    child = sub.add_parser("train-child", help="(internal) one training run of the resume check")
+    child.add_argument("--config", required=True)
+    child.add_argument("--precision", required=True)
+    child.add_argument("--seed", type=int, required=True)
+    for name in ("--data", "--base", "--out", "--ckpt"):
+        child.add_argument(name, required=True)
+    child.add_argument("--kill-at", type=int, default=0, help="SIGKILL itself after this step's checkpoint")
+    args = parser.parse_args(argv)
+    if args.command == "train-child":
+        return train_child(args)
+    report = build_report(args)
+    failed = report.failed
+    write_json(args.out, {
+        "passed": not failed,
+        "failed": failed,
+        "config": str(Path(args.config).resolve()),
+        "checks": report.checks,
+        "figures": report.figures,
+    })  # fmt: skip
+    width = max(map(len, report.checks))
+    for name, check in report.checks.items():
+        print(f"{name:<{width}}  {check['status']:<22} {json.dumps(check['value'], default=str)[:150]}")
+    print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'} -> {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
