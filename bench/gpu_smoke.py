@@ -35,7 +35,6 @@ for vLLM it includes building the engine (``vllm.LLM``), for HF the model is alr
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import math
@@ -51,6 +50,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_default import rule_totals  # noqa: E402
 
 from workflow_scripts import paths  # noqa: E402
 from workflow_scripts.atomic import write_json  # noqa: E402
@@ -229,15 +231,8 @@ def eval_checks(report: Report, config: dict, res: Path) -> None:
 
 
 def stage_seconds(workdir: Path) -> dict[str, float]:
-    """Rule -> summed job seconds (the first column of every benchmarks/<rule>/... tsv)."""
-    totals: dict[str, float] = {}
-    for tsv in sorted((workdir / "benchmarks").rglob("*.tsv")):
-        rule = tsv.relative_to(workdir / "benchmarks").parts[0]
-        with open(tsv, encoding="utf-8") as fh:
-            rows = list(csv.reader(fh, delimiter="\t"))
-        if len(rows) >= 2:
-            totals[rule] = round(totals.get(rule, 0.0) + float(rows[1][0]), 1)
-    return totals
+    """Rule -> summed job seconds (bench_default's per-rule totals of benchmarks/)."""
+    return {rule: round(t["seconds"], 1) for rule, t in rule_totals(workdir).items()}
 
 
 def device_memory_peak(csv_path: Path) -> dict:

@@ -131,3 +131,12 @@ def tiny_base(tmp_path_factory) -> dict:
     base_dir = root / "models" / "base"
     build_base(config, data_dir, base_dir, root / "models" / "base.json", threads=1)
     return {"config": config, "data_dir": data_dir, "base_dir": base_dir, "root": root}
+
+
+def bit_identical(a: dict, b: dict) -> bool:
+    """Two state dicts with the same keys, dtypes and bytes (NaNs compare equal, -0.0 != 0.0)."""
+    import torch
+
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a
+    )

@@ -20,7 +20,7 @@ import pytest
 import torch
 from accelerate.commands.launch import launch_command_parser
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-from conftest import load_test_config, make_workflow_dir, run_snakemake
+from conftest import bit_identical, load_test_config, make_workflow_dir, run_snakemake
 from safetensors.torch import load_file
 
 from workflow_scripts.config import ConfigError, validate_config
@@ -227,12 +227,6 @@ def _weights(job: dict) -> dict[str, torch.Tensor]:
     return load_file(Path(job["out_dir"]) / "model" / "model.safetensors")
 
 
-def _bit_identical(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a
-    )
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_base) -> dict:
     job = _job(tiny_base, "a")
@@ -246,9 +240,9 @@ def test_two_deterministic_fp32_two_process_runs_give_bit_identical_weights(tiny
     job = _job(tiny_base, "b")
     launch_training(job, processes=2, threads=2, log_path=Path(job["out_dir"]).parent / "train.log")
     _assert_two_rank_run(Path(job["out_dir"]), STEPS)
-    assert _bit_identical(uninterrupted, _weights(job))
+    assert bit_identical(uninterrupted, _weights(job))
     base = load_file(tiny_base["base_dir"] / "model.safetensors")
-    assert not _bit_identical(uninterrupted, base)  # training changed the weights
+    assert not bit_identical(uninterrupted, base)  # training changed the weights
 
 
 _PARENT = "import json, sys; from workflow_scripts.launch import launch_training; " + (
@@ -274,4 +268,4 @@ def test_a_killed_two_process_job_stops_its_workers_and_resumes_bit_identically(
     launch_training(job, processes=2, threads=2, log_path=log)  # the rerun
     run = _assert_two_rank_run(out, STEPS)
     assert run["resumed"] is True and run["resumed_from_step"] >= 2
-    assert _bit_identical(uninterrupted, _weights(job))
+    assert bit_identical(uninterrupted, _weights(job))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import bit_identical
 from safetensors.torch import load_file
 from trl import GRPOTrainer
 
@@ -42,11 +43,6 @@ def run(tiny_base, tmp_path, name: str, precision: str = "fp32", **train) -> dic
         "weights": load_file(root / "out" / "model" / "model.safetensors"),
         "out": root / "out",
     }
-
-
-def bit_identical(a: dict, b: dict) -> bool:
-    same = (torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
-    return a.keys() == b.keys() and all(same)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, load_test_config, make_workflow_dir, run_snakemake
+from conftest import REPO, bit_identical, load_test_config, make_workflow_dir, run_snakemake
 from safetensors.torch import load_file
 
 from workflow_scripts.checkpoints import latest_complete_checkpoint
@@ -76,12 +76,6 @@ def runs(tiny_base) -> dict:
 
 def weights(run: dict) -> dict[str, torch.Tensor]:
     return load_file(run["out"] / "model" / "model.safetensors")
-
-
-def bit_identical(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a
-    )
 
 
 def test_fp32_arm_is_float32_without_autocast(runs):
@@ -194,7 +188,7 @@ train_run(config, "fp32", 1, data, base, out, ckpt, threads=1, callbacks=[HoldAf
 """
 
 
-def test_sigkill_then_resume_is_bit_identical(tiny_base, runs, tmp_path):
+def test_sigkill_then_resume_isbit_identical(tiny_base, runs, tmp_path):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     fake = tmp_path / "fake_site" / "vllm"  # importing vllm would crash the child: it must never happen
     fake.mkdir(parents=True)

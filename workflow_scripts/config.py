@@ -240,13 +240,12 @@ def train_problems(train: Mapping, world_size: int = 1) -> Iterator[Problem]:
 
 def distributed_problems(config: Mapping) -> Iterator[Problem]:
     """``train.distributed`` against the train job's GPUs and the batch (``launch``, ``grpo_config``)."""
-    from workflow_scripts.launch import resolve_processes
-    from workflow_scripts.resources import rule_resources
+    from workflow_scripts.resources import rule_resources, train_processes
 
     train = config["train"]
     distributed = train["distributed"]
-    gpus = rule_resources(config, "train")["gpus"] if "resources" in config else 0
-    processes = resolve_processes(distributed, gpus)
+    gpus = rule_resources(config, "train")["gpus"]
+    processes = train_processes(config)
     key = "train.distributed"
     if gpus and processes > gpus:
         yield (

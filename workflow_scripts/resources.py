@@ -1,7 +1,7 @@
 """What each workflow job asks the scheduler for (GPUs, threads, memory), from config `resources:`.
 
 One place turns the config's ``resources:`` section (schema: ``schemas/config.schema.yaml``) into the
-``threads:`` and ``resources:`` of every rule (``rules/common.smk`` calls ``rule_threads`` and
+``threads:`` and ``resources:`` of every rule (``rules/common.smk`` calls ``job_threads`` and
 ``snakemake_resources``), so no rule file holds a GPU count, and a local run (``--cores``,
 ``--resources gpu=N``, ``gpu_slots``) and a SLURM run (``profiles/slurm``) read the same numbers. Torch-free.
 

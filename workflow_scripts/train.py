@@ -64,7 +64,7 @@ from workflow_scripts.grpo_config import (
     world_size_from_env,
 )
 from workflow_scripts.grpo_trainer import make_trainer_class, rollout_dtype
-from workflow_scripts.launch import launch_training, resolve_processes
+from workflow_scripts.launch import launch_training
 from workflow_scripts.metrics_log import (
     MetricsLogger,
     kl_prompt_sample,
@@ -85,7 +85,7 @@ from workflow_scripts.precision import (
     summarize_dtypes,
 )
 from workflow_scripts.representable import representable_update
-from workflow_scripts.resources import rule_resources
+from workflow_scripts.resources import train_processes
 from workflow_scripts.rows import read_rows
 from workflow_scripts.smk import main_from
 from workflow_scripts.train_health import NonFiniteGuard, assess_health
@@ -445,9 +445,8 @@ def run_or_launch(job: dict, processes: int, threads: int = 1, log_path: str | N
 
 
 def from_snakemake(smk) -> None:
-    train = dict(smk.params.train)
     job = {
-        "train": train,
+        "train": dict(smk.params.train),
         "precision": smk.wildcards.precision,
         "mode": dict(smk.params.precision),
         "model": dict(smk.params.model),
@@ -458,9 +457,8 @@ def from_snakemake(smk) -> None:
         "ckpt_dir": str(smk.params.checkpoints),
         "verifier": dict(smk.params.verifier),
     }
-    # the GPUs the job was really scheduled with (resources.train.gpus, or a --set-resources override)
-    processes = resolve_processes(train.get("distributed"), int(smk.resources.get("gpu", 0)))
-    run_or_launch(job, processes, smk.threads, smk.log[0] if len(smk.log) else None)
+    # the world size the rule planned (resources.train_processes): a param, so a new one retrains
+    run_or_launch(job, int(smk.params.processes), smk.threads, smk.log[0] if len(smk.log) else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -491,8 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or paths.train_dir(args.precision, args.seed)
     ckpt = args.ckpt or paths.checkpoint_dir(args.precision, args.seed)
     job = job_from_config(config, args.precision, args.seed, args.data, args.base, out, ckpt)
-    gpus = rule_resources(config, "train")["gpus"] if "resources" in config else 0
-    run_or_launch(job, resolve_processes(config["train"].get("distributed"), gpus), args.threads)
+    run_or_launch(job, train_processes(config), args.threads)
     return 0
 
 
