@@ -99,6 +99,8 @@ rule analysis_report:
         metrics=rules.aggregate.output.metrics,
         overlap=rules.aggregate.output.overlap,
         figures=rules.analysis_figures.output,
+        base=rules.base_model.output.record,  # numerics provenance of every record
+        runs=expand(rules.train.output.run, precision=PRECISIONS, seed=SEEDS),
     output:
         report=report(f"{ANALYSIS}/report.md", caption="../report/report.rst", category="Report"),
     params:

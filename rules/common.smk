@@ -14,7 +14,9 @@ from workflow_scripts.resources import job_threads as _job_threads, snakemake_re
 # `--configfile X` means X alone: the Snakefile declares no `configfile:`, so config.yaml is read only
 # when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml).
 try:
-    _validated, CONFIG_SOURCE = workflow_config(config, list(workflow.overwrite_configfiles))
+    _validated, CONFIG_SOURCE = workflow_config(
+        config, list(workflow.overwrite_configfiles), overrides=workflow.config_settings.overwrite_config
+    )
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 config.clear()

@@ -314,3 +314,40 @@ def test_a_config_override_is_blamed_on_the_command_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as err:
         cfgmod.workflow_config({"train": {"gradient_accumulation_steps": 3}}, [])
     assert "--config: train.gradient_accumulation_steps" in str(err.value)
+
+
+def _typed_run(tmp_path, monkeypatch, *pairs: str, files: list[str] | None = None) -> dict:
+    """workflow_config as the Snakefile calls it, with ``--config`` pairs parsed by Snakemake itself."""
+    from snakemake.cli import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(load_test_config()))
+    overrides = parse_config(list(pairs))
+    merged = cfgmod.merge(copy.deepcopy(load_test_config()), overrides) if files else copy.deepcopy(overrides)
+    return cfgmod.workflow_config(merged, files or [], overrides=overrides)[0]
+
+
+def test_config_overrides_typed_on_the_command_line_arrive_with_the_schemas_types(tmp_path, monkeypatch):
+    from snakemake.cli import parse_config
+
+    assert parse_config(["seeds=[1,2,3]"]) == {"seeds": ["1", "2", "3"]}  # why retyping is needed at all
+    pairs = ("seeds=[1,2,3]", "train={max_steps: 7, learning_rate: 1.0e-5}", "analysis={alpha: 1e-2}",
+             "precisions={fp32: {param_dtype: float32, autocast: null}}")  # fmt: skip
+    config = _typed_run(tmp_path, monkeypatch, *pairs)
+    assert config["seeds"] == [1, 2, 3]
+    assert config["train"]["max_steps"] == 7 and config["train"]["learning_rate"] == 1e-5
+    assert config["analysis"]["alpha"] == 0.01
+    assert config["precisions"]["fp32"]["param_dtype"] == "float32"  # a string where the schema wants one
+    assert config["precisions"]["fp32"]["autocast"] is None
+    assert config["train"]["num_generations"] == load_test_config()["train"]["num_generations"]  # kept
+    # the same over a --configfile: the file's values, the override's types
+    other = _typed_run(tmp_path, monkeypatch, "seeds=[4,5]", files=[str(tmp_path / "config.yaml")])
+    assert other["seeds"] == [4, 5]
+
+
+def test_a_config_override_of_the_wrong_type_shows_the_forms_that_work(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError) as err:
+        _typed_run(tmp_path, monkeypatch, "seeds=[1,two]")
+    message = str(err.value)
+    assert "--config: seeds.1: 'two' is not of type 'integer'" in message
+    assert "--config 'seeds=[1,2,3]'" in message and "train={max_steps: 24" in message

@@ -1,13 +1,9 @@
 """Fast jobs: one evaluate job per (run, task) with unchanged numbers, per-arm references, thread control.
 
-The merged job must reproduce the outputs of the separate ``evaluate`` and ``kl`` rules it replaced.
-``PRE_MERGE`` holds those outputs (canonicalised, hashed, plus three numbers for readable failures),
-produced by the pre-merge functions ``evaluate_run`` + ``kl_run`` of commit a8ce4c0 on the fixture
-below; this file regenerates them from any checkout:
-
-    git worktree add /tmp/old a8ce4c0
-    PYTHONPATH=/tmp/old .venv/bin/python tests/test_fast_jobs.py /tmp/fixture   # old code path
-    PYTHONPATH=. .venv/bin/python tests/test_fast_jobs.py /tmp/fixture2         # this checkout
+The merged job must reproduce the outputs of the separate ``evaluate`` and ``kl`` rules it replaced. Both
+sides are computed here, in the same run on the same machine: the old rules' call sequence is kept
+runnable in tests/separate_jobs.py. (Floats differ between CPUs, so hashes recorded on another machine
+cannot be compared with; bit-identity is a same-machine claim.)
 """
 
 import copy
@@ -21,21 +17,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import separate_jobs
 import torch
 from test_evaluate import EVAL_CFG, PROMPTS, TINY  # the same tiny model, settings and prompts
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = {"kind": "integer", "role": "on_task", "max_new_tokens": 4}
-# run, policy folder, the folder the old kl rule used as reference (the bf16 arm: a bf16 copy of the base,
-# i.e. what the new job loads as the arm's reference), the new job's reference dtype, reference run
+# run, policy folder, the folder the old kl rule used as reference (the bf16 arm: a bf16 copy of the base
+# saved to disk, where the new job casts the base in memory), the new job's reference dtype, reference run
 CASES = (("base", "base", "base", None, "base"), ("fp32-s1", "fp32", "base", "float32", "base"),
          ("bf16-s1", "bf16", "base_bf16", "bfloat16", "base-bfloat16"))  # fmt: skip
-# Printed by this file's __main__ with PYTHONPATH = a checkout of a8ce4c0 (evaluate_run + kl_run).
-PRE_MERGE = {
-    "base": ["4d0be27405235e26", 0.0, 0.0, 0.0],
-    "fp32-s1": ["ac9dae6a97cab07c", 0.0, -0.10180675711501719, 0.1276733779907732],
-    "bf16-s1": ["4082da518e7cb18d", 0.0, 0.06540702326331616, 0.11040353275070541],
-}
 
 
 def build_fixture(root: Path) -> tuple[dict[str, Path], Path]:
@@ -71,34 +62,51 @@ def canonical(samples: pd.DataFrame, summary: dict, kl: dict) -> list:
     return [digest, summary["pass_at_1"], kl["k1_mean"], kl["k3_mean"]]
 
 
-def outputs_of_this_checkout(root: Path) -> dict[str, list]:
-    """Every case through this checkout's code path: the merged job, or (a8ce4c0) evaluate_run + kl_run."""
+def merged_outputs(root: Path, dirs: dict[str, Path], data: Path) -> dict[str, list]:
+    """Every case through the merged job (``evaluate.run``)."""
     from workflow_scripts import evaluate
 
-    dirs, data = build_fixture(root)
     found = {}
-    for run, policy, old_reference, reference_dtype, reference_run in CASES:
-        out = root / "out" / run
+    for run, policy, _, reference_dtype, reference_run in CASES:
+        out = root / "merged" / run
         files = out / "t.samples.parquet", out / "t.json", out / "t.kl.json"
-        paired = None if reference_run == run else root / "out" / "base" / "t.samples.parquet"
-        if hasattr(evaluate, "kl_run"):  # the pre-merge code path
-            evaluate.evaluate_run(
-                dirs[policy], data, *files[:2], EVAL_CFG, TASK, run, "t", base_samples=paired
-            )
-            evaluate.kl_run(dirs[policy], dirs[old_reference], data, files[2], EVAL_CFG, TASK, run, "t")
-        else:
-            evaluate.run(model=dirs[policy], base=dirs["base"], data=data, samples_out=files[0],
-                         summary_out=files[1], kl_out=files[2], eval_cfg=EVAL_CFG, task_cfg=TASK, run=run,
-                         task="t", reference_run=reference_run, reference_dtype=reference_dtype,
-                         base_samples=paired)  # fmt: skip
+        paired = None if reference_run == run else root / "merged" / "base" / "t.samples.parquet"
+        evaluate.run(model=dirs[policy], base=dirs["base"], data=data, samples_out=files[0],
+                     summary_out=files[1], kl_out=files[2], eval_cfg=EVAL_CFG, task_cfg=TASK, run=run,
+                     task="t", reference_run=reference_run, reference_dtype=reference_dtype,
+                     base_samples=paired)  # fmt: skip
         summary, kl = (json.loads(f.read_text()) for f in files[1:])
         found[run] = canonical(pd.read_parquet(files[0]), summary, kl)
     return found
 
 
+def separate_outputs(root: Path, dirs: dict[str, Path], data: Path) -> dict[str, list]:
+    """Every case through the two old rules, one after the other (tests/separate_jobs.py), their outputs
+    written and read back as the rules did (parquet and JSON), so both sides are compared as files."""
+    from workflow_scripts.atomic import write_json, write_parquet
+
+    found, base_samples = {}, None
+    for run, policy, old_reference, _, _ in CASES:
+        samples, summary = separate_jobs.evaluate_job(dirs[policy], data, EVAL_CFG, TASK, run, "t",
+                                                      base_samples)  # fmt: skip
+        kl = separate_jobs.kl_job(dirs[policy], dirs[old_reference], data, EVAL_CFG, TASK, run, "t")
+        out = root / "separate" / run
+        write_parquet(out / "t.samples.parquet", samples)
+        write_json(out / "t.json", summary)
+        write_json(out / "t.kl.json", kl)
+        samples = pd.read_parquet(out / "t.samples.parquet")
+        base_samples = samples if run == "base" else base_samples
+        found[run] = canonical(samples, *(json.loads((out / f).read_text()) for f in ("t.json", "t.kl.json")))
+    return found
+
+
 def test_merged_job_reproduces_the_separate_evaluate_and_kl_rules_exactly(tmp_path):
     torch.set_num_threads(1)
-    assert outputs_of_this_checkout(tmp_path) == PRE_MERGE
+    dirs, data = build_fixture(tmp_path)
+    merged, separate = merged_outputs(tmp_path, dirs, data), separate_outputs(tmp_path, dirs, data)
+    assert merged == separate
+    # the cases differ from each other: the comparison is not between empty or constant outputs
+    assert len({v[0] for v in merged.values()}) == 3 and merged["fp32-s1"][3] > 0 and merged["bf16-s1"][3] > 0
 
 
 def test_base_against_its_own_cast_is_exactly_zero_kl_and_a_cast_alone_is_not(tmp_path):
@@ -243,7 +251,7 @@ def fake_finished_workflow(wf: Path) -> None:
 
 
 @pytest.mark.slow
-def test_adding_a_task_to_a_finished_workflow_plans_only_that_tasks_jobs(tmp_path):
+def test_a_finished_workflow_plans_only_the_jobs_a_new_seed_or_a_new_task_needs(tmp_path):
     """Dry runs of a finished workflow (faked: empty outputs with Snakemake's records of params and code)."""
     from conftest import load_test_config, make_workflow_dir, planned_jobs, set_key
 
@@ -251,6 +259,13 @@ def test_adding_a_task_to_a_finished_workflow_plans_only_that_tasks_jobs(tmp_pat
     wf = make_workflow_dir(tmp_path / "wf", config)
     fake_finished_workflow(wf)
     assert planned_jobs(wf) == {}
+    # one more seed, typed on the command line as the README's recipe does it: only that seed's jobs
+    seeds = [*config["seeds"], max(config["seeds"]) + 1]
+    jobs = planned_jobs(wf, "--config", f"seeds=[{','.join(map(str, seeds))}]")
+    arms, tasks = len(config["precisions"]), len(config["data"]["tasks"])
+    assert {k: jobs.pop(k) for k in ("train", "evaluate", "sparsity", "overlap")} == {
+        "train": arms, "evaluate": arms * tasks, "sparsity": arms, "overlap": arms}, jobs  # fmt: skip
+    assert set(jobs) == {"aggregate", "analysis_stats", "analysis_figures", "analysis_report", "all"}, jobs
     original = (wf / "config.yaml").read_text()
     set_key(wf / "config.yaml", "train.learning_rate", 1e-5)  # the records are live: a train change shows
     assert planned_jobs(wf)["train"] == len(config["precisions"]) * len(config["seeds"])
@@ -264,7 +279,3 @@ def test_adding_a_task_to_a_finished_workflow_plans_only_that_tasks_jobs(tmp_pat
     # what remains is the new task's data and the analysis downstream of every task
     assert set(jobs) <= {"prepare_eval", "aggregate", "analysis_stats", "analysis_figures", "analysis_report",
                          "all"}, jobs  # fmt: skip
-
-
-if __name__ == "__main__":
-    print(json.dumps(outputs_of_this_checkout(Path(sys.argv[1]))))

