@@ -15,7 +15,7 @@ from workflow_scripts.resources import job_threads as _job_threads, snakemake_re
 # when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml).
 try:
     _validated, CONFIG_SOURCE = workflow_config(
-        config, list(workflow.overwrite_configfiles), overrides=workflow.config_settings.overwrite_config
+        config, list(workflow.overwrite_configfiles), overrides=dict(workflow.config_settings.config)
     )
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
@@ -32,6 +32,7 @@ TASKS = list(config["data"]["tasks"])
 PRECISIONS = list(config["precisions"])
 SEEDS = list(config["seeds"])
 RUNS = paths.run_names(config)
+REPEATS = paths.repeats(config)  # (precision, seed, repeat >= 2): config `repeats`, the noise floor
 
 
 wildcard_constraints:
@@ -39,6 +40,7 @@ wildcard_constraints:
     seed=r"\d+",
     task="|".join(TASKS),
     run="|".join(RUNS),
+    repeat=r"[2-9]|[1-9]\d+",
 
 
 # The code each stage runs (its module and the package modules it imports): a rule passes
@@ -90,9 +92,16 @@ def prepare_train_data():
     return {**data, "tasks": {t: data["tasks"][t] for t in REAL_TASKS}}
 
 
+def train_outputs(name):
+    """``name`` (run.json, metrics.jsonl) of every trained run: each (precision, seed), then the repeats."""
+    dirs = [paths.train_dir(p, s) for p in PRECISIONS for s in SEEDS]
+    dirs += [paths.train_dir(p, s, repeat=k) for p, s, k in REPEATS]
+    return [str(d / name) for d in dirs]
+
+
 def all_targets():
     targets = [str(paths.base_record())]
-    targets += [str(paths.train_dir(p, s) / "run.json") for p in PRECISIONS for s in SEEDS]
+    targets += train_outputs("run.json")
     targets += [str(paths.eval_summary(r, t)) for r in RUNS for t in TASKS]
     targets += [str(paths.kl_summary(r, t)) for r in RUNS for t in TASKS]
     targets += [str(paths.sparsity_table(p, s)) for p in PRECISIONS for s in SEEDS]
