@@ -15,11 +15,11 @@ import pytest
 
 from workflow_scripts import verifier_workers
 from workflow_scripts import verifiers as V
+from workflow_scripts.reward import make_reward_function
 from workflow_scripts.verifiers import (
     KINDS,
     Verdict,
     extract_answer,
-    make_reward_function,
     verify_batch,
     verify_one,
 )
@@ -522,3 +522,26 @@ def test_real_dataset_fixtures_score_their_own_solutions():
     if len(m5) > 1:
         rotated = [r["answer"] for r in m5[1:] + m5[:1]]
         assert not any(v.correct for v in verify_batch("math", [r["solution"] for r in m5], rotated))
+
+
+def test_each_verifier_kind_is_declared_once_and_the_schema_and_evaluation_read_that_table():
+    from workflow_scripts.config import load_schema
+
+    def kind_enums(node) -> list:
+        """Every enum of the schema that lists verifier kinds (the task's and the training set's)."""
+        if isinstance(node, dict):
+            own = [node["enum"]] if "code" in node.get("enum", []) else []
+            return own + [e for v in node.values() for e in kind_enums(v)]
+        return [e for v in node for e in kind_enums(v)] if isinstance(node, list) else []
+
+    schema = load_schema()
+    enums = kind_enums(schema)
+    assert len(enums) == 2 and all(e == list(KINDS) == list(V.VERIFIERS) for e in enums), enums
+    eval_keys = set(schema["properties"]["eval"]["properties"])
+    for name, kind in V.VERIFIERS.items():
+        assert kind.timeout_key in eval_keys, name  # evaluation bounds each check by this key
+        assert kind.runs in {"in_process", "workers", "sandbox"}, name
+        assert (kind.judge is None) == (kind.runs != "in_process"), name
+        assert kind.extract("no answer here at all") is None or name in {"code", "gsm8k"}, name
+        assert name in V.__doc__ and kind.reference, name  # the docs' table has a row per kind
+    assert set(V.SETTINGS) == {"math", "gsm8k"}

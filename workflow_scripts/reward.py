@@ -9,7 +9,7 @@ a closure) so the reward function pickles.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from workflow_scripts import verifiers
 
@@ -55,3 +55,10 @@ class RewardFunction:
 
     def __repr__(self) -> str:
         return f"RewardFunction(kind={self.kind!r}, timeout={self.timeout}, workers={self.workers})"
+
+
+def make_reward_function(
+    kind: str, timeout: float = 5.0, workers: int = 1, settings: Mapping | None = None
+) -> Callable[..., list[float]]:
+    """The TRL reward function for ``kind`` (named ``f"{kind}_reward"`` in TRL's logs)."""
+    return RewardFunction(kind, timeout=timeout, workers=workers, settings=settings)

@@ -1,10 +1,12 @@
 r"""Verifiers: the one entry point that decides whether a completion is correct.
 
-The same functions score the GRPO training reward (``make_reward_function``) and evaluation
+The same functions score the GRPO training reward (``reward.make_reward_function``) and evaluation
 (``verify_batch``), so what training optimises and what evaluation measures cannot drift apart.
 A row's ``kind`` names its verifier; a task's ``verifier`` config block tunes it: ``settings`` =
 ``{"math": {MathSettings options}, "gsm8k": {"mode": "strict" | "flexible"}}`` (defaults:
-math-verify's options, gsm8k ``flexible``), passed whole to ``verify_batch`` / ``make_reward_function``.
+math-verify's options, gsm8k ``flexible``), passed whole to ``verify_batch`` / the reward function.
+Each kind is declared once, in ``VERIFIERS`` (extractor, judge, where it runs, its timeout key, its
+settings, its reference); the schema's kind enums and evaluation read or are tied to it.
 
 kind         | extracts                                 | compares                        | reference
 -------------|------------------------------------------|---------------------------------|----------
@@ -48,9 +50,35 @@ from workflow_scripts import verifier_math as VM
 from workflow_scripts import verifier_rules as R
 from workflow_scripts.verifier_workers import WorkerPool
 
-KINDS: tuple[str, ...] = ("integer", "math", "gsm8k", "mcq", "dapo", "dapo_lenient", "code")
+
+@dataclass(frozen=True)
+class Kind:
+    """One verifier kind: the single declaration the checks, the schema's enums (tied by a test),
+    evaluation's timeout and the docs (the table above) read."""
+
+    extract: Callable[..., str | None]  # completion text -> answer (None: nothing extractable)
+    judge: Callable[..., tuple] | None  # in-process (correct, extracted, status); None: out of process
+    runs: str  # "in_process", "workers" (math-verify, bounded) or "sandbox" (code)
+    timeout_key: str  # the eval config key that bounds one check
+    settings: tuple[str, ...]  # options of the task's verifier.<kind> block
+    reference: str  # whose behaviour it follows (its tests agree with that reference's cases)
+
+
+VERIFIERS: dict[str, Kind] = {
+    "integer": Kind(R.extract_integer, R.judge_integer, "in_process", "verify_timeout", (), "the project's"),
+    "math": Kind(R.extract_math, None, "workers", "verify_timeout", VM.MathSettings.keys(),
+                 "huggingface/Math-Verify"),
+    "gsm8k": Kind(R.extract_gsm8k, R.judge_gsm8k, "in_process", "verify_timeout", ("mode",),
+                  "lm-eval gsm8k.yaml"),
+    "mcq": Kind(R.extract_mcq, R.judge_mcq, "in_process", "verify_timeout", (), "the project's"),
+    "dapo": Kind(R.extract_dapo, R.judge_dapo, "in_process", "verify_timeout", (), "verl math_dapo"),
+    "dapo_lenient": Kind(R.extract_dapo_lenient, R.judge_dapo_lenient, "in_process", "verify_timeout", (),
+                         "the project's (math-verify fallback in workers)"),
+    "code": Kind(R.extract_code, None, "sandbox", "code_timeout", (), "HumanEval check()"),
+}  # fmt: skip
+KINDS: tuple[str, ...] = tuple(VERIFIERS)
 STATUSES: tuple[str, ...] = ("ok", "no_answer", "timeout", "error")
-SETTINGS: dict[str, tuple[str, ...]] = {"math": VM.MathSettings.keys(), "gsm8k": ("mode",)}
+SETTINGS: dict[str, tuple[str, ...]] = {k: v.settings for k, v in VERIFIERS.items() if v.settings}
 
 status_counts: collections.Counter = collections.Counter()
 _COUNT_LOCK = threading.Lock()
@@ -101,26 +129,18 @@ class _Job:
     code: dict | None = None
 
 
-_EXTRACTORS: dict[str, Callable[[str], str | None]] = {
-    "integer": R.extract_integer,
-    "math": R.extract_math,
-    "gsm8k": R.extract_gsm8k,
-    "mcq": R.extract_mcq,
-    "dapo": R.extract_dapo,
-    "dapo_lenient": R.extract_dapo_lenient,
-    "code": R.extract_code,
-}
-
-
 def extract_answer(kind: str, completion, settings: Mapping | None = None) -> str | None:
     """The answer a verifier of ``kind`` reads from ``completion`` (None: nothing extractable)."""
     settings = check_settings(kind, settings)
     text = _completion_text(completion)
     if not text.strip():
         return None
-    if kind == "gsm8k":
-        return R.extract_gsm8k(text, settings.get("mode", R.GSM8K_DEFAULT_MODE))
-    return _EXTRACTORS[kind](text)
+    return VERIFIERS[kind].extract(text, **_options(kind, settings))
+
+
+def _options(kind: str, settings: Mapping) -> dict:
+    """The keyword options a kind's extract/judge take (gsm8k's mode; math's go to math-verify)."""
+    return {"mode": settings.get("mode", R.GSM8K_DEFAULT_MODE)} if kind == "gsm8k" else {}
 
 
 def _code_job(completion: str, meta: dict, prompt: str | None) -> Verdict | _Job:
@@ -140,22 +160,18 @@ def _plan(
 ) -> Verdict | _Job:
     if not text.strip():
         return Verdict(False, None, "no_answer")
-    if kind == "math":
+    spec = VERIFIERS[kind]
+    if spec.runs == "sandbox":
+        return _code_job(text, meta, prompt)
+    if spec.runs == "workers":
         math_settings = VM.MathSettings(**settings)
         box = VM.oversized_box(text, math_settings)
         if box is not None:  # not checkable (see verifier_math.MAX_BOX_CHARS): scored wrong
             return Verdict(False, box[:200], "error")
-        return _Job(R.extract_math(text), math=VM.request(text, answer, math_settings))
-    if kind == "code":
-        return _code_job(text, meta, prompt)
-    if kind == "gsm8k":
-        judged = R.judge_gsm8k(text, answer, settings.get("mode", R.GSM8K_DEFAULT_MODE))
-    elif kind == "dapo_lenient":
-        judged = R.judge_dapo_lenient(text, answer)
-        if isinstance(judged, str):  # only math-verify can decide
-            return _Job(judged, math=VM.request(f"${judged}$", answer, VM.MathSettings()))
-    else:
-        judged = {"integer": R.judge_integer, "mcq": R.judge_mcq, "dapo": R.judge_dapo}[kind](text, answer)
+        return _Job(spec.extract(text), math=VM.request(text, answer, math_settings))
+    judged = spec.judge(text, answer, **_options(kind, settings))
+    if isinstance(judged, str):  # dapo_lenient: only math-verify can decide
+        return _Job(judged, math=VM.request(f"${judged}$", answer, VM.MathSettings()))
     return Verdict(*judged)
 
 
@@ -273,12 +289,3 @@ def verify_one(
     return verify_batch(
         kind, [completion], [answer], [meta or {}], timeout, prompts=[prompt], settings=settings
     )[0]
-
-
-def make_reward_function(
-    kind: str, timeout: float = 5.0, workers: int = 1, settings: Mapping | None = None
-) -> Callable[..., list[float]]:
-    """The TRL reward function for ``kind`` (named ``f"{kind}_reward"`` in TRL's logs); see ``reward``."""
-    from workflow_scripts.reward import RewardFunction
-
-    return RewardFunction(kind, timeout=timeout, workers=workers, settings=settings)
