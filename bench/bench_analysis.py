@@ -3,9 +3,9 @@
 Simulates 2 precisions x 10 seeds x 8 tasks x 500 problems x 16 samples of 0/1 correctness (plus the base
 model), builds the tidy metrics table from the samples the way the aggregate step does (J per run x task,
 dJ paired by problem with its SE, eval noise from the per-problem counts), runs ``analyze`` with the
-schema's default ``analysis`` settings (the gate, the mixed model with its 2000-draw parametric bootstrap
-per comparison, 200 power simulations per power estimate, the classical tests per role and per task) and
-prints the time, the peak memory and the verdicts. Target: under 60 s.
+schema's default ``analysis`` settings (the gate, the mixed model of the whole seed variance with its
+2000-draw parametric bootstrap per comparison, 200 power simulations per power estimate, the classical
+tests per role and per task) and prints the time, the peak memory and the verdicts. Target: under 60 s.
 
     .venv/bin/python bench/bench_analysis.py [--seeds 10] [--tasks 8] [--problems 500] [--samples 16]
 """
@@ -26,7 +26,8 @@ from workflow_scripts.stats import analyze, sampling_noise_var
 
 PRECISIONS = ("fp32", "bf16")
 ROLES = ("on_task", "off_task")
-# Planted truth: seed sd of the logit shift per (precision, role); bf16 off-task is 2x (variance 4x).
+# Planted truth: seed sd of the logit shift shared by a role's tasks per (precision, role); bf16 off-task is
+# 2x (variance 4x). KL is drawn per run x task: a seed x task effect, 9x the variance in bf16.
 SEED_SD = {
     ("fp32", "on_task"): 0.10,
     ("bf16", "on_task"): 0.10,

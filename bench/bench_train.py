@@ -43,7 +43,7 @@ def profile(spec: dict) -> dict:
     import torch
     from trl import GRPOTrainer
 
-    from workflow_scripts import metrics_log, train_health
+    from workflow_scripts import metrics_callback, train_health
     from workflow_scripts.grpo_config import gate_vllm
 
     gate_vllm(False)
@@ -70,8 +70,8 @@ def profile(spec: dict) -> dict:
     )
     wrap(GRPOTrainer, "_calculate_rewards", "reward")
     wrap(accelerate.Accelerator, "backward", "backward")
-    wrap(metrics_log.MetricsLogger, "on_log", "project: metrics.jsonl line + KL log")
-    wrap(metrics_log.MetricsLogger, "measure_kl", "  of which the KL log")
+    wrap(metrics_callback.MetricsLogger, "on_log", "project: metrics.jsonl line + KL log")
+    wrap(metrics_callback.MetricsLogger, "measure_kl", "  of which the KL log")
     wrap(train_health.NonFiniteGuard, "on_step_end", "project: health guard")
     wrap(train_health.NonFiniteGuard, "on_log", "project: health guard")
     from workflow_scripts.train import train_run

@@ -20,6 +20,10 @@ benchmarks/) and adds two measurements of its own:
 | autocast.<arm>      | the autocast state seen inside the first forward is the one requested  |          |
 | determinism.<arm>   | deterministic algorithms on exactly in the deterministic arms          |          |
 | vllm_train.<arm>    | the trainer generated the rollouts with vLLM, in the arm's dtype       | yes      |
+| vllm_seed.<arm>     | the engine's seed is grpo_trainer.vllm_seed(run seed, rank 0), not 0   | yes      |
+| sampler_gap.<arm>   | the sampler-trainer gap was measured at every generation round         |          |
+| importance_sampling | run.json records TRL's correction as configured; it acts only with     |          |
+| .<arm>              | vLLM and correction on                                                 |          |
 | vllm_eval           | every evaluation sampled with vLLM                                     | yes      |
 | hf_vs_vllm_pass1    | HF and vLLM pass@1 of the same run differ by <= 4 SE + 0.02            | yes      |
 | base_kl_zero        | KL of every base run to itself is 0 (abs <= 1e-6)                       |          |
@@ -57,7 +61,7 @@ from bench_default import rule_totals  # noqa: E402
 from workflow_scripts import paths  # noqa: E402
 from workflow_scripts.atomic import write_json  # noqa: E402
 from workflow_scripts.config import load_config  # noqa: E402
-from workflow_scripts.metrics_log import read_metrics  # noqa: E402
+from workflow_scripts.metrics_log import read_metrics, rollout_rows  # noqa: E402
 
 PASS, FAIL, NA = "pass", "fail", "not applicable on CPU"
 TIME_BUDGET_S = 480.0
@@ -143,11 +147,31 @@ def arm_checks(report: Report, config: dict, res: Path) -> None:
             ok = bool(vllm.get("used")) and str(vllm.get("dtype", "")).removeprefix("torch.") == want
             return ok, {"requested": rec["train"]["use_vllm"], "rollout_dtype": want, **vllm}
 
+        def vllm_seed_check(record=record):
+            from workflow_scripts.grpo_trainer import vllm_seed
+
+            got, want = (record().get("vllm") or {}).get("seed"), vllm_seed(seed, 0)
+            return got == want, {"engine": got, "expected": want}
+
+        def gap(record=record, arm=arm):
+            rounds = len(rollout_rows(read_metrics(paths.train_dir(arm, seed, res) / "metrics.jsonl")))
+            measured = record().get("sampler_gap") or {}
+            return measured.get("rounds_measured") == rounds and measured.get("mean") is not None, measured
+
+        def importance_sampling(record=record):
+            got = dict(record().get("importance_sampling") or {})
+            want = dict(config["train"]["importance_sampling"])
+            acts = bool(config["train"]["use_vllm"] and want["correction"])
+            return got == {**want, "acts": acts}, got
+
         report.check(f"dtypes.{arm}", f"all tensors {mode['param_dtype']}", dtypes)
         report.check(f"autocast.{arm}", f"autocast {mode['autocast']}", autocast)
         report.check(f"determinism.{arm}", f"deterministic algorithms {mode['deterministic']}", determinism)
         report.check(f"device.{arm}", "cuda", device, gpu_only=True)
         report.check(f"vllm_train.{arm}", "rollouts from vLLM", vllm_train, gpu_only=True)
+        report.check(f"vllm_seed.{arm}", "engine seed from the run seed", vllm_seed_check, gpu_only=True)
+        report.check(f"sampler_gap.{arm}", "gap measured every generation round", gap)
+        report.check(f"importance_sampling.{arm}", "as configured", importance_sampling)
         report.figure(
             f"train.{arm}", lambda arm=arm, record=record: train_figures(config, arm, record(), res)
         )
@@ -180,6 +204,8 @@ def train_figures(config: dict, arm: str, record: dict, res: Path) -> dict:
         "weights_changed_fraction": 1.0 - sparsity["equal_stored_fraction"],
         "changed_fraction_by_eta": sparsity["changed_fraction"],
         "representable_update": (record.get("representable_update") or {}).get("whole_model"),
+        "sampler_gap": record.get("sampler_gap"),
+        "loss_scale": record.get("loss_scale"),
     }
 
 

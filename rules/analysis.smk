@@ -19,8 +19,8 @@ rule aggregate:
     input:
         evals=expand(rules.evaluate.output.summary, run=RUNS, task=TASKS),
         kls=expand(rules.evaluate.output.kl, run=RUNS, task=TASKS),
-        train_metrics=expand(rules.train.output.metrics, precision=PRECISIONS, seed=SEEDS),
-        train_runs=expand(rules.train.output.run, precision=PRECISIONS, seed=SEEDS),
+        train_metrics=train_outputs("metrics.jsonl"),  # repeats included (common.smk)
+        train_runs=train_outputs("run.json"),
         sparsity=expand(rules.sparsity.output.summary, precision=PRECISIONS, seed=SEEDS),
         overlap=expand(rules.overlap.output.table, precision=PRECISIONS),
     output:
@@ -53,7 +53,7 @@ rule analysis_stats:
         stats=report(f"{ANALYSIS}/stats.json", caption="../report/stats.rst", category="Report"),
     params:
         analysis=config["analysis"],
-        precisions=PRECISIONS,
+        precisions=config["precisions"],  # arm order and each arm's `control` label
         code=code("stats"),
     log:
         "logs/analysis_stats/analysis_stats.log",

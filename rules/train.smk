@@ -36,3 +36,19 @@ rule train:
         **job_resources("train"),
     script:
         "../workflow_scripts/train.py"
+
+
+# train_repeat: a repeat of one (precision, seed) (config `repeats`, the numerical noise floor): the same
+# job with the same seed, in its own folders results/train/{precision}/seed{seed}-r{repeat} (repeat >= 2)
+# and checkpoints; run.json records the repeat. Every other setting is the train rule's.
+use rule train as train_repeat with:
+    output:
+        model=directory(str(paths.train_dir("{precision}", "{seed}", repeat="{repeat}") / "model")),
+        metrics=str(paths.train_dir("{precision}", "{seed}", repeat="{repeat}") / "metrics.jsonl"),
+        run=str(paths.train_dir("{precision}", "{seed}", repeat="{repeat}") / "run.json"),
+    params:
+        checkpoints=lambda wc: str(paths.checkpoint_dir(wc.precision, wc.seed, repeat=wc.repeat)),
+    log:
+        "logs/train/{precision}/seed{seed}-r{repeat}.log",
+    benchmark:
+        "benchmarks/train/{precision}/seed{seed}-r{repeat}.tsv"

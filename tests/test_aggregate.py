@@ -528,3 +528,73 @@ def test_the_aggregate_stage_imports_neither_torch_nor_transformers():
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------- gap, loss scale, repeats
+
+
+def test_sampler_gap_and_loss_scale_summaries_count_each_round_once():
+    steps = [
+        {
+            "step": i,
+            "generation_step": i in (1, 3),
+            **{"reward": 0.5, "reward_std": 0.1, "clip_region": 0.0},
+            "sampler_gap_mean": {1: 0.5, 2: 0.5, 3: 0.1, 4: 0.1}[i],  # carried forward on steps 2 and 4
+            "sampler_gap_max": {1: 4.0, 2: 4.0, 3: 1.0, 4: 1.0}[i],
+            "sampler_gap_outside_clip": {1: 0.3, 2: 0.3, 3: 0.1, 4: 0.1}[i],
+            "sampler_gap_clipped": {1: 0.2, 2: 0.2, 3: 0.0, 4: 0.0}[i],
+            "loss_scale": {1: 65536.0, 2: 32768.0, 3: 32768.0, 4: 32768.0}[i],
+            "step_skipped": i == 2,
+        }
+        for i in range(1, 5)
+    ]
+    s = aggregate.train_summary(steps, {"steps": 4})
+    assert s["sampler_gap_mean"] == pytest.approx(0.3) and s["sampler_gap_max"] == 4.0
+    assert s["sampler_gap_outside_clip"] == pytest.approx(0.2)
+    assert s["sampler_gap_clipped"] == pytest.approx(0.1)
+    assert s["loss_scale_final"] == 32768.0 and s["skipped_steps"] == 1
+    assert math.isnan(s["vllm_logp_diff_mean"])  # no vLLM: not measured
+    bare_step = {"step": 1, "generation_step": True, "reward": 0.5, "reward_std": 0.1, "clip_region": 0.0}
+    bare = aggregate.train_summary([bare_step], {"steps": 1})
+    assert math.isnan(bare["sampler_gap_mean"]) and math.isnan(bare["loss_scale_final"])
+
+
+def _add_repeat(paths: dict, root: Path, run: str, repeat: int) -> str:
+    """A repeat of ``run`` (same values) as the train and evaluate stages would write it."""
+    precision, seed = run.rsplit("-s", 1)
+    name = f"{run}-r{repeat}"
+    for kind in ("evals", "kls"):
+        for path in [p for p in paths[kind] if p.parent.name == run]:
+            d = json.loads(path.read_text())
+            d["run"] = name
+            target = root / "eval" / name / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(d))
+            paths[kind].append(target)
+    metrics, record = next(pair for pair in paths["train"] if pair[0].parent.name == f"seed{seed}"
+                           and pair[0].parent.parent.name == precision)  # fmt: skip
+    out = root / "train" / precision / f"seed{seed}-r{repeat}"
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text(metrics.read_text())
+    (out / "run.json").write_text(json.dumps({**json.loads(record.read_text()), "repeat": repeat}))
+    paths["train"].append((out / "metrics.jsonl", out / "run.json"))
+    return name
+
+
+def test_a_repeat_run_gets_its_own_rows_with_its_repeat_and_needs_no_sparsity(tmp_path):
+    paths = write_fake_results(tmp_path, seeds=(1, 2))
+    name = _add_repeat(paths, tmp_path, "bf16-s1", 2)
+    metrics, curves, _, warnings, _ = run_aggregate(paths)
+    runs = metrics.drop_duplicates("run").set_index("run")
+    assert runs.loc[name, ["precision", "seed", "repeat"]].tolist() == ["bf16", 1, 2]
+    assert runs.loc["bf16-s1", "repeat"] == 1 and pd.isna(runs.loc["base", "repeat"])
+    assert runs.loc[name, "train_steps"] == runs.loc["bf16-s1", "train_steps"]
+    assert set(curves["run"]) >= {name, "bf16-s1"}
+    assert not any("missing" in w and name in w for w in warnings), warnings
+    out = stats.analyze(metrics, {"bootstrap": 50, "power_simulations": 5, "max_seeds": 8},
+                        precisions=["fp32", "bf16"])  # fmt: skip
+    assert out["n"]["seeds"] == {"fp32": 2, "bf16": 2}  # the repeat is not a third bf16 seed
+    floor = out["noise_floor"]
+    assert floor["status"] == "ok" and floor["pairs"]["bf16-s1"]["runs"] == ["bf16-s1", name]
+    assert floor["pairs"]["bf16-s1"]["identical"] is True
+    assert floor["arms"]["bf16"]["dJ"]["by_role"]["on_task"] == {"var": 0.0, "df": 1}

@@ -134,6 +134,21 @@ MALFORMED = {
     "task named base": (_rename_task("mul", "base"), "data.tasks.base", "names"),
     "arm named base": (_set("precisions.base", {"param_dtype": "float32"}), "precisions.base", "names"),
     "missing local model folder": (_set("model.source", "./no/such/model"), "model.source", "model"),
+    "importance-sampling correction without a bound": (
+        _set("train.importance_sampling", {"correction": True, "clip_max": None}),
+        "train.importance_sampling.clip_max",
+        "train",
+    ),
+    "repeat of an arm that is not configured": (
+        _set("repeats", [{"precision": "fp16", "seed": 1}]),
+        "repeats.0.precision",
+        "repeats",
+    ),
+    "repeat of a seed that is not configured": (
+        _set("repeats", [{"precision": "bf16", "seed": 9}]),
+        "repeats.0.seed",
+        "repeats",
+    ),
 }
 
 

@@ -222,6 +222,51 @@ def test_report_on_one_seed_says_why_nothing_was_decided(tmp_path):
     assert "KL k3 missing for 6 trained run x task(s)" in text
 
 
+def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(data, tmp_path):
+    import numpy as np
+
+    from workflow_scripts import simulation
+
+    arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy")
+    _, task_var = simulation.structure("task", 9.0, 4e-4, 1e-4, arm="fp32_noisy")
+    table = simulation.simulate_table(np.random.default_rng(61), n_seeds=8, arms=arms, task_var=task_var)
+    specs = {
+        "fp32": {},
+        "bf16": {},
+        "fp32_copy": {"control": "negative"},
+        "fp32_noisy": {"control": "positive"},
+    }
+    result = stats.analyze(table, FAST, precisions=specs)
+    text = report.render(result, table, {}, tmp_path / "report.md", list(arms))
+    assert "## Controls" in text
+    copy, noisy = result["controls"]["fp32_copy"], result["controls"]["fp32_noisy"]
+    assert f"| fp32_copy | negative | not supported | {copy['outcome']} | **as it must** |" in text
+    assert "| fp32_noisy | positive | supported | supported | **as it must** |" in text
+    assert noisy["reason"] in text
+    assert "| H2 | bf16 vs fp32 |" in text and "| H2 | fp32_noisy vs fp32 |" not in text  # judged apart
+    plain = report.render(data.stats, data.metrics, {}, tmp_path / "plain.md", ["fp32", "bf16"])
+    assert "## Controls" not in plain
+
+
+def test_report_gives_noise_shares_and_warns_when_a_verdict_rests_on_more_than_half(tmp_path):
+    import numpy as np
+
+    from workflow_scripts import simulation
+
+    table = simulation.simulate_table(np.random.default_rng(62), n_seeds=6, n_problems=20, n_samples=4)
+    result = stats.analyze(table, FAST, precisions=["fp32", "bf16"])
+    text = report.render(result, table, {}, tmp_path / "report.md", ["fp32", "bf16"])
+    assert "## Eval-noise share of the across-seed variance" in text
+    share = result["noise_share"]["by_role"]["off_task"]["dJ"]["fp32"]["share"]
+    assert share > 0.5 and f"| off_task | dJ | fp32 | {share:.2g} |" in text
+    h2 = result["verdicts"]["H2"]["verdict"]
+    assert f"**Warning: H2 ({h2}) rests on an eval-noise share above 0.5**" in text
+    assert "Warning: H3" not in text  # KL noise is small here
+    quiet = simulation.simulate_table(np.random.default_rng(62), n_seeds=6)
+    quiet_text = report.render(stats.analyze(quiet, FAST), quiet, {}, tmp_path / "q.md", ["fp32", "bf16"])
+    assert "Warning: H2" not in quiet_text
+
+
 # ----------------------------------------------------------------------------- the analysis rules
 
 

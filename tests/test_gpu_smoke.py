@@ -21,10 +21,12 @@ from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-GPU_ONLY = ("device.fp32", "device.bf16", "vllm_train.fp32", "vllm_train.bf16", "vllm_eval",
-            "hf_vs_vllm_pass1", "peak_gpu_memory", "time_budget")  # fmt: skip
+GPU_ONLY = ("device.fp32", "device.bf16", "vllm_train.fp32", "vllm_train.bf16", "vllm_eval", "vllm_seed.fp32",
+            "vllm_seed.bf16", "hf_vs_vllm_pass1", "peak_gpu_memory", "time_budget")  # fmt: skip
 EVERYWHERE = ("workflow", "dtypes.fp32", "dtypes.bf16", "autocast.fp32", "autocast.bf16",
-              "determinism.fp32", "determinism.bf16", "base_kl_zero", "resume_bit_identical")  # fmt: skip
+              "determinism.fp32", "determinism.bf16", "base_kl_zero", "resume_bit_identical",
+              "sampler_gap.fp32", "sampler_gap.bf16", "importance_sampling.fp32",
+              "importance_sampling.bf16")  # fmt: skip
 
 
 def load_smoke():
@@ -92,9 +94,12 @@ def test_figures_are_read_from_the_run(smoke):
     for arm in ("fp32", "bf16"):
         train = figures[f"train.{arm}"]
         assert train["trained_completion_tokens_per_s"] > 0 and train["vllm"] == {
-            "used": False, "mode": None, "dtype": None}  # fmt: skip
+            "used": False, "mode": None, "dtype": None, "seed": None, "seed_given": None}  # fmt: skip
+        assert train["sampler_gap"]["rounds_measured"] == 4 and train["loss_scale"] is None
         assert train["peak_gpu_memory_gb"] is None  # CPU: no GPU memory to report
     assert figures["train.fp32"]["weights_changed_fraction"] > 0
+    # fp32 without dropout: no gap but rounding (dynamic sampling re-pads the groups it merges)
+    assert figures["train.fp32"]["sampler_gap"]["max"] <= 1e-5
     assert figures["train.fp32"]["representable_update"] == 1.0
     assert {v["backend"] for v in figures["eval"].values()} == {"hf"}
     assert set(figures["eval"]) == {f"{r}/mcq" for r in ("base", "base-bfloat16", "fp32-s1", "bf16-s1")}

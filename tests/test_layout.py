@@ -64,3 +64,10 @@ def test_the_package_has_no_import_cycles():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_subpackage_says_what_it_owns_and_imports_nothing():
+    for init in sorted(PACKAGE_DIR.glob("*/__init__.py")):
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        assert (ast.get_docstring(tree) or "").strip(), f"{init}: no docstring saying what it owns"
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)], init

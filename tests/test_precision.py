@@ -62,6 +62,50 @@ def test_impossible_modes_are_rejected(entry, match):
         PrecisionMode.from_config("x", entry)
 
 
+@pytest.mark.parametrize(
+    ("entry", "key", "match"),
+    [
+        ({"param_dtype": "float32", "rounding": "stochastic"}, "rounding", "into bfloat16 masters"),
+        (
+            {"param_dtype": "bfloat16", "lm_head_dtype": "float16"},
+            "lm_head_dtype",
+            "param_dtype .* or float32",
+        ),
+    ],
+)
+def test_arm_fields_that_cannot_be_honoured_are_config_errors_naming_the_key(entry, key, match):
+    with pytest.raises(ConfigError, match=rf"precisions\.x\.{key}: .*{match}"):
+        PrecisionMode.from_config("x", entry)
+
+
+def test_a_shipped_config_with_a_bad_arm_field_names_the_file_and_the_key(tmp_path):
+    import yaml
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["precisions"]["bf16"]["bf16_matmul"] = "fast"
+    config["precisions"]["fp32"]["rounding"] = "stochastic"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=rf"{path}: precisions\.bf16\.bf16_matmul: 'fast' is not one of"):
+        load_config(path, check_files=False)
+    config["precisions"]["bf16"]["bf16_matmul"] = "emulated"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=rf"{path}: precisions\.fp32\.rounding: stochastic rounding"):
+        load_config(path, check_files=False)
+
+
+def test_new_arm_fields_default_to_the_unchanged_arm(default_config):
+    mode = mode_from_config(default_config, "bf16")
+    assert (mode.bf16_matmul, mode.rounding, mode.update_noise, mode.control) == (
+        "auto",
+        "nearest",
+        None,
+        None,
+    )
+    assert (mode.lm_head_dtype, mode.head_dtype, mode.seed_offset) == (None, "bfloat16", 0)
+    assert mode.computes_bf16 and not mode_from_config(default_config, "fp32").computes_bf16
+
+
 def test_trainer_args_always_set_bf16_and_fp16_explicitly():
     # GRPOConfig would otherwise turn bf16 autocast ON by default
     assert trainer_precision_args(PrecisionMode("fp32", "float32")) == {
@@ -69,7 +113,10 @@ def test_trainer_args_always_set_bf16_and_fp16_explicitly():
         "fp16": False,
         "disable_dropout": False,
         "full_determinism": False,
+        "cast_lm_head_to_fp32": False,
     }
+    head32 = trainer_precision_args(PrecisionMode("bf16h", "bfloat16", lm_head_dtype="float32"))
+    assert head32["cast_lm_head_to_fp32"] is True  # TRL's fp32 LM head
     assert trainer_precision_args(PrecisionMode("bf16", "bfloat16"))["bf16"] is False
     amp = trainer_precision_args(PrecisionMode("amp", "float32", autocast="bfloat16"))
     assert amp["bf16"] is True and amp["fp16"] is False

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workflow_scripts.representable import changed_counts, module_type, representable_update
+from workflow_scripts.representable import (
+    changed_counts,
+    module_type,
+    representable_update,
+    stochastic_changed,
+)
 
 
 @pytest.mark.parametrize(
@@ -54,3 +59,32 @@ def test_fraction_per_module_type_and_whole_model():
     assert record["whole_model"] == pytest.approx((1 + 1 + 1 + 2) / 8)
     assert record["param_dtype"] == "bfloat16" and record["lr"] == 0.003
     assert representable_update(model.to(torch.float32), 0.003)["whole_model"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("w", "lr", "up", "down"),
+    [
+        (1.0, 0.001, 0.001 / 2**-7, 0.001 / 2**-8),  # below both spacings: probability lr / gap
+        (1.0, 0.005, 0.005 / 2**-7, 1.0),  # 0.005 > 2^-8, the gap below: always moves down
+        (1.0, 0.01, 1.0, 1.0),
+    ],
+)
+def test_under_stochastic_rounding_a_step_moves_a_weight_with_probability_lr_over_the_gap(w, lr, up, down):
+    assert stochastic_changed(torch.tensor([w], dtype=torch.bfloat16), lr) == pytest.approx((up, down))
+
+
+def test_the_stochastic_rounding_arm_reports_the_expected_share_and_its_rounding():
+    model = torch.nn.Linear(64, 64).to(torch.bfloat16)
+    nearest = representable_update(model, 3e-5)
+    stochastic = representable_update(model, 3e-5, "stochastic")
+    assert (nearest["rounding"], stochastic["rounding"]) == ("nearest", "stochastic")
+    assert 0 < nearest["whole_model"] < stochastic["whole_model"] < 1  # nothing is lost in expectation
+    # the expectation by Monte Carlo: how often a stochastically rounded w + lr differs from w
+    from workflow_scripts.optimizers import step_generator, stochastic_round_bf16
+
+    w = model.weight.detach().float().repeat(50, 1)
+    moved = (
+        (stochastic_round_bf16(w + 3e-5, step_generator(0, 0, "mc")) != w.to(torch.bfloat16)).double().mean()
+    )
+    expected = stochastic_changed(model.weight, 3e-5)[0] / model.weight.numel()
+    assert float(moved) == pytest.approx(expected, abs=0.01)

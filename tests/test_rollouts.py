@@ -267,3 +267,58 @@ def test_the_colocated_vllm_engine_is_built_in_the_arms_rollout_dtype_not_vllms_
     make_trainer_class()()  # without vLLM nothing is wrapped: vLLM's own default
     assert built == [{"model": "base", "dtype": "float32"}, {"model": "base"}]
     assert not hasattr(vllm_generation.LLM, "keywords")  # unwrapped again after __init__
+
+
+def test_the_colocated_vllm_engine_is_seeded_by_the_run_seed_and_rank_not_by_the_rank_alone(monkeypatch):
+    """TRL 1.16 builds the engine with seed=process_index // tp: every run seed would share one stream.
+    TRL's own VLLMGeneration builds it here (a fake LLM records what it was given)."""
+    import types
+
+    import trl
+    from trl.generation import vllm_generation
+
+    from workflow_scripts.grpo_trainer import make_trainer_class, vllm_seed
+
+    built = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+
+    monkeypatch.setattr(vllm_generation, "LLM", FakeLLM, raising=False)
+    monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_generation, "DistributedBackend", lambda accelerator: None)
+    monkeypatch.setattr(vllm_generation, "ensure_master_addr_port", lambda: None)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # TRL sets them for vLLM: restored afterwards
+        monkeypatch.setenv(name, "0")
+
+    def fake_init(self, *args, rank, **kwargs):  # TRL's __init__, reduced to where it builds the engine
+        accelerator = types.SimpleNamespace(
+            process_index=rank, local_process_index=rank, num_processes=4, wait_for_everyone=lambda: None
+        )
+        model = types.SimpleNamespace(name_or_path="base", named_modules=lambda: [])
+        self.vllm_generation = vllm_generation.VLLMGeneration(model, accelerator, None, mode="colocate")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", fake_init)
+    trainer_class = make_trainer_class(vllm_dtype="bfloat16")
+    seeds = {}
+    for run_seed in (1, 2):
+        for rank in (0, 3):
+            trainer = trainer_class(args=types.SimpleNamespace(seed=run_seed), rank=rank)
+            seeds[run_seed, rank] = built[-1]["seed"]
+            assert trainer.vllm_engine_args == {"dtype": "bfloat16", "seed": built[-1]["seed"]}
+    assert seeds == {(s, r): vllm_seed(s, r) for s in (1, 2) for r in (0, 3)}
+    assert len(set(seeds.values())) == 4  # TRL alone: {0, 3}, the same for both run seeds
+    assert all(kw["dtype"] == "bfloat16" for kw in built)
+    assert vllm_generation.LLM is FakeLLM  # unwrapped after __init__
+
+
+def test_vllm_seeds_pair_arms_by_seed_share_a_tensor_parallel_group_and_fit_numpy():
+    from workflow_scripts.grpo_trainer import VLLM_SEED_STRIDE, vllm_seed
+
+    assert vllm_seed(3, 2) == 3 * VLLM_SEED_STRIDE + 2  # the same for every arm of seed 3
+    assert len({vllm_seed(s, g) for s in range(4) for g in range(8)}) == 32
+    with pytest.raises(ValueError, match="2\\*\\*32"):
+        vllm_seed(2**32 // VLLM_SEED_STRIDE + 1, 0)
+    with pytest.raises(ValueError, match="group index"):
+        vllm_seed(1, VLLM_SEED_STRIDE)

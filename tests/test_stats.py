@@ -1,11 +1,17 @@
-"""Tests of the statistics: calibration by simulation (coverage, false positives, power, H1's guard), the
-mixed model against statsmodels, the gate, diverged runs, and graceful degradation on degenerate tables.
+"""Tests of the statistics: calibration by simulation (coverage, false positives, power for every structure of
+seed variance, H1's guard), the mixed model against statsmodels, the power module against the simulated
+detection rate, the gate, controls, noise shares, diverged runs, and graceful degradation on degenerate
+tables.
 
-Calibration compares a rate with the 99.9% binomial band around its nominal value, so a correct analysis
-fails about once in a thousand runs (all simulations are seeded, so in practice never). The simulated
-tables come from ``workflow_scripts.simulation`` (known seed variances per arm and role, binomial eval
-noise). ``test_an_analysis_that_always_says_*`` prove the checks have teeth. Run alone with
-OMP_NUM_THREADS=1: the calibration block takes ~30 s; ``-m slow`` runs a 5x larger version.
+The H2/H3 statistic compares the whole seed variance of a task (shared seed effect + seed x task effect,
+known eval noise held out). Its calibration draws tables from ``workflow_scripts.simulation`` at the
+default's size (8 seeds per arm, 4 off-task tasks) with the eval noise of the noise budget (issue 22:
+noise = 1/3 of the reference's observed across-seed variance): a null, and the three alternatives of
+``simulation.STRUCTURES`` (the whole seed variance 9x the reference's, the increase in the shared part,
+in the seed x task part, or in both). Rates are checked against binomial bounds stated where they are
+used; all simulations are seeded. ``test_an_analysis_that_always_says_*`` prove the checks have teeth.
+Run alone with OMP_NUM_THREADS=1: the calibration block (700 simulated tables) takes ~30 s on a busy 2-core
+machine, the whole file ~45 s (24 s of CPU); ``-m slow`` runs larger versions (5x the tables: ~6 min).
 """
 
 from __future__ import annotations
@@ -19,28 +25,44 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from workflow_scripts import simulation, stat_tests, stats, variance_model, verdicts
+from workflow_scripts import power, simulation, stat_tests, stats, variance_model, verdicts
 
 ALPHA = 0.05
 ARMS = ["fp32", "bf16"]
-BASE_VAR = 4e-4  # simulation's default seed variance (sd 0.02)
+BASE_VAR = 4e-4  # simulation's default shared seed variance (sd 0.02)
 CFG = {**stats.analysis_defaults(), "bootstrap": 100, "power_simulations": 0}
 SMALL = {**CFG, "power_simulations": 20, "max_seeds": 12}
-N_SIM = 100  # tables per condition in the normal suite (x 3 conditions)
 VERDICTS = {"supported", "contradicted", "inconclusive", "not testable"}
+
+# The calibration design: the default's seeds and off-task tasks; reference shared = seed x task variance
+# (as measured on the default, issue 22); 300 problems x 8 samples put the eval noise (p(1-p)/2400 at
+# p = 0.3..0.6, mean 9.8e-5) at 1/3 of the reference's observed across-seed variance (2e-4 + 9.8e-5).
+CAL_SEEDS, CAL_OFF = 8, 4
+CAL_SHARED = CAL_TASK = 1e-4
+CAL_NOISE = {"n_problems": 300, "n_samples": 8}
+CAL_RATIO = 9.0
+N_NULL, N_ALT = 300, 100  # tables under the null and per alternative structure (normal suite)
+DETECT = 0.8  # required detection rate at CAL_RATIO for every alternative structure
+BOUND_CONF = 0.999  # one-sided binomial bounds: a correct analysis fails about once in a thousand seeds
 
 
 # ----------------------------------------------------------------------------- calibration helpers
 
 
-def binomial_band(n: int, p: float, conf: float = 0.999) -> tuple[float, float]:
+def binomial_band(n: int, p: float, conf: float = BOUND_CONF) -> tuple[float, float]:
     lo, hi = st.binom.interval(conf, n, p)
     return lo / n, hi / n
 
 
+def upper_bound(n: int, p: float, conf: float = BOUND_CONF) -> float:
+    """Largest rate out of n a test of true rate p gives with probability conf (one-sided binomial)."""
+    return float(st.binom.ppf(conf, n, p)) / n
+
+
 def check_at_most(hits: np.ndarray, p: float, what: str) -> None:
-    rate, (_, hi) = float(np.mean(hits)), binomial_band(len(hits), p)
-    assert rate <= hi, f"{what}: rate {rate:.3f} above the band's top {hi:.3f} around {p}"
+    """Rate <= p within simulation error: at most the one-sided binomial bound of ``upper_bound``."""
+    rate, hi = float(np.mean(hits)), upper_bound(len(hits), p)
+    assert rate <= hi, f"{what}: rate {rate:.3f} above {hi:.3f}, the {BOUND_CONF:.1%} binomial bound at {p}"
 
 
 def check_at_least(hits: np.ndarray, p: float, what: str) -> None:
@@ -48,15 +70,22 @@ def check_at_least(hits: np.ndarray, p: float, what: str) -> None:
     assert rate >= lo, f"{what}: rate {rate:.3f} below the band's bottom {lo:.3f} around {p}"
 
 
+def check_rate_at_least(hits: np.ndarray, p: float, what: str) -> None:
+    """The observed rate itself is >= p (no allowance: the requirement is on the rate)."""
+    rate = float(np.mean(hits))
+    assert rate >= p, f"{what}: rate {rate:.3f} below {p} ({len(hits)} tables)"
+
+
 def check_coverage(covered: np.ndarray, level: float = 0.95) -> None:
     check_at_least(covered, level, "coverage")
-    check_at_most(covered, level, "coverage")
+    _, hi = binomial_band(len(covered), level)
+    assert np.mean(covered) <= hi, f"coverage: rate {np.mean(covered):.3f} above the band's top {hi:.3f}"
 
 
-def _role(table: pd.DataFrame, role: str, rows: pd.DataFrame | None = None) -> dict:
+def _role(table: pd.DataFrame, role: str, rows: pd.DataFrame | None = None, quantity: str = "dJ") -> dict:
     rows = stats._prepare(table, [])[0] if rows is None else rows
     tasks = sorted(rows.loc[rows["role"] == role, "task"].unique())
-    return stats.model_scope(rows, tasks, ARMS, "dJ", CFG, role, None)
+    return stats.model_scope(rows, tasks, ARMS, quantity, CFG, role, None)
 
 
 def _h1_block(table: pd.DataFrame) -> tuple[dict, dict]:
@@ -68,17 +97,33 @@ def _h1_block(table: pd.DataFrame) -> tuple[dict, dict]:
     return mean, _role(table, "on_task", rows)
 
 
+def calibration_table(rng: np.random.Generator, structure: str, ratio: float = CAL_RATIO) -> pd.DataFrame:
+    seed_var, task_var = simulation.structure(structure, ratio, CAL_SHARED, CAL_TASK)
+    return simulation.simulate_table(
+        rng,
+        n_seeds=CAL_SEEDS,
+        n_off=CAL_OFF,
+        seed_var=seed_var,
+        task_var=task_var,
+        shared_default=CAL_SHARED,
+        task_default=CAL_TASK,
+        **CAL_NOISE,
+    )
+
+
 @functools.cache
-def simulations(n: int) -> dict[str, list]:
-    """n tables per condition (equal variances; 9x off-task; 4x on-task), fitted once per session."""
+def simulations(n_null: int, n_alt: int) -> dict[str, list]:
+    """Off-task dJ fits of n_null null tables and n_alt tables per alternative structure, and n_alt H1
+    tables (on-task seed variance 4x), fitted once per session."""
     rng = np.random.default_rng(2024)
-    out: dict[str, list] = {"null": [], "ratio9": [], "h1_ratio4": []}
-    for _ in range(n):
-        out["null"].append(_role(simulation.simulate_table(rng), "off_task"))
-        nine = simulation.simulate_table(rng, seed_var={("bf16", "off_task"): 9 * BASE_VAR})
-        out["ratio9"].append(_role(nine, "off_task"))
-        four = simulation.simulate_table(rng, seed_var={("bf16", "on_task"): 4 * BASE_VAR})
-        out["h1_ratio4"].append(_h1_block(four))
+    out: dict[str, list] = {s: [] for s in simulation.STRUCTURES}
+    for structure in simulation.STRUCTURES:
+        for _ in range(n_null if structure == "null" else n_alt):
+            out[structure].append(_role(calibration_table(rng, structure), "off_task"))
+    out["h1_ratio4"] = [
+        _h1_block(simulation.simulate_table(rng, seed_var={("bf16", "on_task"): 4 * BASE_VAR}))
+        for _ in range(n_alt)
+    ]
     return out
 
 
@@ -94,14 +139,21 @@ def h1_verdicts(blocks: list[tuple[dict, dict]]) -> np.ndarray:
     )
 
 
+def calibration_rates(sims: dict[str, list]) -> dict[str, float]:
+    return {s: float(np.mean(h2_verdicts(sims[s]) == "supported")) for s in simulation.STRUCTURES}
+
+
 def check_all(sims: dict[str, list]) -> None:
-    """Every calibration criterion of issue 12 on one set of simulations."""
+    """Every calibration criterion of issues 12 and 22 on one set of simulations."""
+    whole = CAL_SHARED + CAL_TASK
     covered = [
-        lo <= BASE_VAR <= hi for b in sims["null"] for lo, hi in (b["arms"][a]["seed_var_ci"] for a in ARMS)
+        lo <= whole <= hi for b in sims["null"] for lo, hi in (b["arms"][a]["whole_var_ci"] for a in ARMS)
     ]
     check_coverage(np.array(covered))
     check_at_most(h2_verdicts(sims["null"]) == "supported", ALPHA, "H2 false positives (equal variances)")
-    check_at_least(h2_verdicts(sims["ratio9"]) == "supported", 0.8, "H2 power at a 9x ratio")
+    for structure in simulation.STRUCTURES[1:]:
+        hits = h2_verdicts(sims[structure]) == "supported"
+        check_rate_at_least(hits, DETECT, f"H2 power at a {CAL_RATIO:g}x ratio ({structure} structure)")
     check_at_most(h1_verdicts(sims["h1_ratio4"]) == "supported", 0.05, "H1 supported at a 4x on-task ratio")
 
 
@@ -109,8 +161,8 @@ def check_all(sims: dict[str, list]) -> None:
 
 
 def test_the_model_fits_every_simulated_table_or_reports_why():
-    sims = simulations(N_SIM)
-    blocks = sims["null"] + sims["ratio9"] + [m for _, m in sims["h1_ratio4"]]
+    sims = simulations(N_NULL, N_ALT)
+    blocks = [b for s in simulation.STRUCTURES for b in sims[s]] + [m for _, m in sims["h1_ratio4"]]
     for b in blocks:
         assert b["status"] == "ok" or b.get("reason"), b
     assert all(b["status"] == "ok" for b in blocks)  # at these sizes every fit succeeds
@@ -118,12 +170,28 @@ def test_the_model_fits_every_simulated_table_or_reports_why():
     assert failed["status"] == "failed" and "seeds" in failed["reason"]
 
 
-def test_calibration_coverage_false_positives_power_and_h1_guard():
-    check_all(simulations(N_SIM))
+def test_calibration_coverage_false_positives_power_for_every_structure_and_h1_guard():
+    """8 seeds, 4 off-task tasks, eval noise 1/3 of the observed variance: H2 is supported in >= 80% of the
+    tables for each alternative structure (whole seed variance 9x, the increase shared, seed x task, or
+    both) and in at most alpha under the null (one-sided 99.9% binomial bound: 0.093 at 300 tables)."""
+    check_all(simulations(N_NULL, N_ALT))
+
+
+def test_the_two_parts_locate_where_the_extra_seed_variance_is():
+    """Shared-only: the shared ratio is the larger part; task-only: the seed x task ratio (medians)."""
+    sims = simulations(N_NULL, N_ALT)
+
+    def median_ratio(structure: str, part: str) -> float:
+        ratios = [b["comparisons"]["bf16"]["parts"][part]["ratio"] for b in sims[structure]]
+        return float(np.nanmedian(np.array(ratios, dtype=float)))  # NaN: both parts fitted 0
+
+    assert median_ratio("shared", "shared") > 3 * median_ratio("shared", "task")
+    assert median_ratio("task", "task") > 3 * median_ratio("task", "shared")
+    assert 0.5 < median_ratio("null", "shared") < 2 and 0.5 < median_ratio("null", "task") < 2
 
 
 def test_an_analysis_that_always_says_supported_fails_calibration(monkeypatch):
-    sims = simulations(N_SIM)
+    sims = simulations(N_NULL, N_ALT)
     monkeypatch.setattr(verdicts, "verdict_variance", lambda *a, **k: ("supported", "always"))
     monkeypatch.setattr(verdicts, "verdict_h1", lambda *a, **k: ("supported", "always"))
     with pytest.raises(AssertionError, match="H2 false positives"):
@@ -134,7 +202,7 @@ def test_an_analysis_that_always_says_supported_fails_calibration(monkeypatch):
 
 def test_an_analysis_that_always_says_different_fails_calibration(monkeypatch):
     """'Different': every variance comparison rejects equality, every H1 is contradicted."""
-    sims = simulations(N_SIM)
+    sims = simulations(N_NULL, N_ALT)
     monkeypatch.setattr(verdicts, "verdict_variance", lambda *a, **k: ("supported", "always different"))
     monkeypatch.setattr(verdicts, "verdict_h1", lambda *a, **k: ("contradicted", "always different"))
     with pytest.raises(AssertionError, match="H2 false positives"):
@@ -144,7 +212,20 @@ def test_an_analysis_that_always_says_different_fails_calibration(monkeypatch):
 def test_an_analysis_that_never_rejects_fails_the_power_check(monkeypatch):
     monkeypatch.setattr(verdicts, "verdict_variance", lambda *a, **k: ("inconclusive", "never"))
     with pytest.raises(AssertionError, match="power"):
-        check_at_least(h2_verdicts(simulations(N_SIM)["ratio9"]) == "supported", 0.8, "H2 power")
+        check_all(simulations(N_NULL, N_ALT))
+
+
+def test_a_test_of_the_shared_seed_variance_alone_fails_the_task_structure_check():
+    """The pre-issue-22 statistic (shared part only) misses seed x task variance: the check catches it."""
+    sims = simulations(N_NULL, N_ALT)
+
+    def shared_only(comp: dict) -> str:
+        part = comp["parts"]["shared"]
+        return "supported" if part["ratio_ci"][0] > 1 else "inconclusive"
+
+    hits = np.array([shared_only(b["comparisons"]["bf16"]) == "supported" for b in sims["task"]])
+    with pytest.raises(AssertionError, match="task structure"):
+        check_rate_at_least(hits, DETECT, "H2 power (task structure)")
 
 
 def test_coverage_check_fails_for_intervals_that_are_too_wide_or_too_narrow():
@@ -154,9 +235,16 @@ def test_coverage_check_fails_for_intervals_that_are_too_wide_or_too_narrow():
         check_coverage(np.random.default_rng(1).random(240) < 0.8)
 
 
+def test_the_false_positive_bound_is_meaningful():
+    """At 300 tables the bound on a 5% rate is < 10%: an analysis with a 12% false-positive rate fails."""
+    assert upper_bound(N_NULL, ALPHA) < 0.1
+    with pytest.raises(AssertionError, match="false positives"):
+        check_at_most(np.arange(N_NULL) < 0.12 * N_NULL, ALPHA, "false positives")
+
+
 @pytest.mark.slow
 def test_calibration_with_five_times_more_tables():
-    check_all(simulations(600))
+    check_all(simulations(5 * N_NULL, 5 * N_ALT))
 
 
 @pytest.mark.slow
@@ -173,6 +261,19 @@ def test_h2_is_contradicted_at_most_at_alpha_when_the_true_ratio_is_r0(n_seeds):
         for _ in range(300)
     ]
     check_at_most(h2_verdicts(blocks) == "contradicted", ALPHA, "H2 contradicted at the margin")
+
+
+def test_h3_sees_a_task_specific_kl_seed_effect():
+    """H3 uses the same statistic on KL k3: a 9x seed x task KL variance (shared part equal) is detected."""
+    table = simulation.simulate_table(
+        np.random.default_rng(41),
+        n_seeds=CAL_SEEDS,
+        kl_task_var={("bf16", "off_task"): 9 * (simulation.KL_SEED_VAR + simulation.KL_TASK_VAR)},
+    )
+    out = stats.analyze(table, SMALL, precisions=ARMS)
+    assert out["verdicts"]["H3"]["verdict"] == "supported", out["verdicts"]["H3"]["reason"]
+    parts = out["mixed_model"]["off_task"]["kl"]["comparisons"]["bf16"]["parts"]
+    assert parts["task"]["ratio"] > parts["shared"]["ratio"]
 
 
 # ----------------------------------------------------------------------------- the mixed model itself
@@ -226,25 +327,32 @@ def test_equal_variance_test_is_exact_under_the_model():
     check_at_least(np.array(rejected), ALPHA, "bootstrap test level")
 
 
-def test_power_grows_with_the_ratio_and_the_mde_and_seeds_needed_agree_with_it():
-    from workflow_scripts import power
-
-    table = simulation.simulate_table(np.random.default_rng(21))
+def _fits(
+    table: pd.DataFrame, role: str = "off_task"
+) -> tuple[variance_model.ArmFit, variance_model.ArmFit, float]:
+    """(arm fit, reference fit, floor) of one role's dJ."""
     rows = stats._prepare(table, [])[0]
-    tasks = sorted(rows.loc[rows["role"] == "off_task", "task"].unique())
+    tasks = sorted(rows.loc[rows["role"] == role, "task"].unique())
     datas = {a: stats._matrix(rows, a, tasks, "dJ", "noise") for a in ARMS}
     scale = variance_model.scale_of(*datas.values())
     grid, floor = variance_model.Grid.around(scale), scale * 1e-12
     fr, fa = (variance_model.fit_arm(datas[a], grid, floor) for a in ARMS)
+    return fa, fr, floor
+
+
+def test_power_grows_with_the_ratio_and_the_mde_and_seeds_needed_agree_with_it():
+    fa, fr, floor = _fits(simulation.simulate_table(np.random.default_rng(21)))
+    whole = BASE_VAR + simulation.TASK_VAR  # the simulation's truth
+    null = variance_model.NullFit(whole, BASE_VAR / whole, BASE_VAR / whole)
     cfg = {**CFG, "power_simulations": 300, "max_seeds": 128}
-    block = power.power_block(fa, fr, BASE_VAR, cfg, np.random.default_rng(22), floor, equivalence=True)
+    block = power.power_block(fa, fr, null, cfg, np.random.default_rng(22), floor, equivalence=True)
     curve = [block["power_by_ratio"][f"{r:g}"] for r in power.RATIOS]
     assert all(b >= a - 0.08 for a, b in itertools.pairwise(curve)) and curve[-1] > 0.95
     assert block["mde_ratio"] == next(r for r in power.RATIOS if block["power_by_ratio"][f"{r:g}"] >= 0.8)
     need = block["seeds_needed_r0"]
     assert need is not None and need > 10  # a 2x ratio needs far more than 10 seeds
     rng = np.random.default_rng(23)
-    assert power.detect_power(BASE_VAR, 2.0, fa, fr, need, ALPHA, 400, rng, floor) >= 0.72
+    assert power.detect_power(null, 2.0, fa, fr, need, ALPHA, 400, rng, floor) >= 0.72
     assert block["equivalence_power"] < 0.2  # showing equivalence within 2x at 10 seeds: hopeless
     assert (
         power.smallest([1, 2, 3, 4, 5], lambda n: n >= 4) == 4
@@ -252,7 +360,120 @@ def test_power_grows_with_the_ratio_and_the_mde_and_seeds_needed_agree_with_it()
     )
 
 
+def test_the_power_module_predicts_the_detection_rate_of_the_calibration_tables():
+    """power.py simulates the statistic the verdicts use: its power for the shared structure at 9x (arm
+    shared fraction 17/18, reference 1/2) matches the rate over the calibration tables (binomial error of
+    both, 99.9%)."""
+    sims = simulations(N_NULL, N_ALT)
+    fa, fr, floor = _fits(calibration_table(np.random.default_rng(24), "null"))
+    whole = CAL_SHARED + CAL_TASK
+    seed_var, _ = simulation.structure("shared", CAL_RATIO, CAL_SHARED, CAL_TASK)
+    null = variance_model.NullFit(
+        whole, seed_var[("bf16", "off_task")] / (CAL_RATIO * whole), CAL_SHARED / whole
+    )
+    n_sim = 400
+    predicted = power.detect_power(
+        null, CAL_RATIO, fa, fr, CAL_SEEDS, ALPHA, n_sim, np.random.default_rng(25), floor
+    )
+    observed = calibration_rates(sims)["shared"]
+    se = np.sqrt(observed * (1 - observed) * (1 / N_ALT + 1 / n_sim))
+    assert abs(predicted - observed) <= st.norm.ppf(1 - (1 - BOUND_CONF) / 2) * se + 0.02, (
+        predicted,
+        observed,
+    )
+
+
+def test_the_minimal_detectable_ratio_at_eight_seeds():
+    """The simulated MDE (80% power, ratio grid of ``power.RATIOS``) at the default's 8 seeds and 4 tasks.
+    Task-specific seed variance without eval noise: <= 4x (power ~0.8 at 3x; the pooled F of issue 22 with
+    28 df each gives 2.6x at a 5% one-sided level, 2.9x at the 2.5% of the CI rule). With a noise share of
+    1/3: <= 6x, mostly task-specific or half shared (a shared effect is seen through 7 df only)."""
+    whole = CAL_SHARED + CAL_TASK
+    cfg = {**CFG, "power_simulations": 400, "max_seeds": 8}
+    quiet = simulation.simulate_table(
+        np.random.default_rng(26), n_seeds=CAL_SEEDS, n_off=CAL_OFF, n_problems=10**6, n_samples=100
+    )
+    noisy = calibration_table(np.random.default_rng(26), "null")
+    mde = {}
+    for name, table, rho in (("task, no noise", quiet, 0.0), ("task 90%", noisy, 0.1), ("half", noisy, 0.5)):
+        fa, fr, floor = _fits(table)
+        null = variance_model.NullFit(whole, rho, rho)
+        mde[name] = power.power_block(fa, fr, null, cfg, np.random.default_rng(27), floor, False)["mde_ratio"]
+    assert mde["task, no noise"] <= 4 and mde["task 90%"] <= 6 and mde["half"] <= 6, mde
+
+
 # ----------------------------------------------------------------------------- gate, verdicts, fallback
+
+
+def test_controls_are_judged_apart_negative_not_different_positive_detected():
+    """A negative control (the reference under another name) must not be called different; a positive one
+    (9x seed x task variance) must be detected; neither enters the H1-H3 verdicts."""
+    arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy", "fp32_dud")
+    _, task_var = simulation.structure("task", CAL_RATIO, BASE_VAR, simulation.TASK_VAR, arm="fp32_noisy")
+    table = simulation.simulate_table(
+        np.random.default_rng(51), n_seeds=CAL_SEEDS, arms=arms, task_var=task_var
+    )
+    specs = {
+        "fp32": {},
+        "bf16": {},
+        "fp32_copy": {"control": "negative"},
+        "fp32_noisy": {"control": "positive"},
+        "fp32_dud": {"control": "positive"},  # a positive control without added noise: must fail
+    }
+    out = stats.analyze(table, CFG, precisions=specs)
+    c = out["controls"]
+    assert set(c) == {"fp32_copy", "fp32_noisy", "fp32_dud"}
+    assert c["fp32_copy"]["passed"] is True and c["fp32_copy"]["outcome"] != "supported"
+    assert c["fp32_noisy"]["passed"] is True and c["fp32_noisy"]["outcome"] == "supported"
+    assert c["fp32_dud"]["passed"] is False and c["fp32_dud"]["expected"] == "supported"
+    assert "whole seed-variance ratio" in c["fp32_noisy"]["reason"]
+    for h in ("H1", "H2", "H3"):
+        assert set(out["verdicts"][h]["by_arm"]) == {"bf16"}
+    assert verdicts.control_arms(specs) == {
+        "fp32_copy": "negative",
+        "fp32_noisy": "positive",
+        "fp32_dud": "positive",
+    }
+
+
+def test_noise_share_is_mean_noise_over_the_pooled_across_seed_variance_and_flags_verdicts():
+    table = simulation.simulate_table(
+        np.random.default_rng(52), n_seeds=CAL_SEEDS, n_problems=20, n_samples=4
+    )
+    out = stats.analyze(table, CFG, precisions=ARMS)
+    ns = out["noise_share"]
+    for arm in ARMS:
+        sub = table[(table["precision"] == arm) & (table["role"] == "off_task")]
+        y = sub.pivot(index="seed", columns="task", values="dJ").to_numpy()
+        noise = sub["eval_noise_var"].mean()
+        expect = noise / y.var(axis=0, ddof=1).mean()
+        got = ns["by_role"]["off_task"]["dJ"][arm]
+        assert got["share"] == pytest.approx(expect) and got["noise_var"] == pytest.approx(noise)
+    assert ns["warn_above"] == 0.5 and expect > 0.5
+    assert set(ns["at_risk"]["H2"]) == set(ARMS)  # 80 samples per task: the noise dominates
+    assert "H3" not in ns["at_risk"]  # KL: noise SE 0.002 against seed sd 0.01
+
+
+def test_brown_forsythe_on_one_task_is_the_classical_test():
+    rng = np.random.default_rng(53)
+    x, y = rng.normal(0, 1, 9), rng.normal(0, 2, 8)
+    assert stat_tests.brown_forsythe(x, y)["p"] == pytest.approx(st.levene(x, y, center="median").pvalue)
+
+
+def test_the_classical_fallback_sees_task_specific_seed_variance():
+    """The fallback tests the same unit as the model (per-task variance pooled over the tasks): with the
+    model failed, a 9x seed x task structure is still supported in >= 80% of 40 tables."""
+    rng = np.random.default_rng(54)
+    hits = []
+    for _ in range(40):
+        rows = stats._prepare(calibration_table(rng, "task"), [])[0]
+        tasks = sorted(rows.loc[rows["role"] == "off_task", "task"].unique())
+        comp = stats.classical_scope(rows, tasks, ARMS, CFG, "fallback", 0.01)["comparisons"]["bf16"]
+        failed = {"status": "failed", "reason": "simulated failure"}
+        v, why = verdicts.verdict_variance(failed, comp["dJ_var"], None, CFG, "off-task dJ")
+        hits.append(v == "supported")
+    assert "mixed model failed" in why and comp["dJ_var"]["n_tasks"] == CAL_OFF
+    check_rate_at_least(np.array(hits), DETECT, "fallback power (task structure)")
 
 
 def test_gate_makes_every_verdict_not_testable_with_the_numbers():
@@ -498,7 +719,7 @@ def test_zero_spread_and_zero_noise_give_not_testable_verdicts_and_no_fake_ratio
             block = out["mixed_model"][role][q]
             for arm in SIX_ARMS:
                 fit = block["arms"][arm]
-                assert fit["status"] == "ok" and fit["seed_var"] == 0 and fit["seed_var_ci"] == [0, 0]
+                assert fit["status"] == "ok" and fit["whole_var"] == 0 and fit["whole_var_ci"] == [0, 0]
             for comp in block["comparisons"].values():
                 # 0/0: no number is invented, the reason says why
                 assert comp["ratio"] is None and "both fitted seed variances are 0" in comp["reason"]

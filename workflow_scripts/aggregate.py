@@ -28,6 +28,12 @@ Outputs:
   representable-update fraction (scope ``representable``, eta null) from run.json.
 - ``overlap.parquet``: the overlap rule's cross-seed Jaccard tables of every precision, concatenated.
 
+Repeats (config ``repeats``, runs ``<precision>-s<seed>-r<k>``: the numerical noise floor) get rows of
+their own with ``repeat`` k (1 for every first run, null for base rows; run.json's ``repeat`` names their
+training files); they have no sparsity summaries. Training columns include the sampler-trainer gap
+(``sampler_gap_*``, ``vllm_logp_diff_mean``: ``metrics_log.gap_summary``) and, for fp16 arms, the final
+loss scale and the skipped steps (``metrics_log.scaler_summary``).
+
 Base runs are ``base`` and ``base-<dtype>`` (``paths.parse_run``); a trained run's dJ and KL are relative
 to the base of its arm's param dtype, named by the eval file's ``reference_run`` (else by ``references``,
 the rule's ``paths.reference_run`` per precision), and ``base_J`` is that base's pass@1. run.json's
@@ -64,9 +70,9 @@ from workflow_scripts.aggregate_inputs import (
     curve_frame,
     eval_row,
     kl_row,
+    parsed_run,
     read_json,
     read_steps,
-    run_identity,
     run_record_columns,
     sparsity_rows,
     train_summary,
@@ -137,10 +143,11 @@ def aggregate(
     unknown = sorted(set(ev["task"]) - set(roles))
     if unknown:
         raise AggregateError(f"task(s) {unknown} in the evaluation summaries have no role in the config")
-    ids = [run_identity(r, p) for r, p in zip(ev["run"], eval_paths, strict=True)]
-    ev.insert(1, "precision", [p for p, _ in ids])
-    ev.insert(2, "seed", pd.array([s for _, s in ids], dtype="Int64"))
-    ev.insert(4, "role", ev["task"].map(roles))
+    ids = [parsed_run(r, p) for r, p in zip(ev["run"], eval_paths, strict=True)]
+    ev.insert(1, "precision", [r.precision for r in ids])
+    ev.insert(2, "seed", pd.array([r.seed for r in ids], dtype="Int64"))
+    ev.insert(3, "repeat", pd.array([r.repeat for r in ids], dtype="Int64"))
+    ev.insert(5, "role", ev["task"].map(roles))
     if paths.BASE not in set(ev["run"]):
         warnings.append("no base run among the evaluation summaries")
     ev = _reference(ev, references or {}, warnings)
@@ -158,7 +165,7 @@ def aggregate(
         record = read_json(record_path, ("precision", "seed"))
         precision, seed = str(record["precision"]), int(record["seed"])
         steps = read_steps(metrics_path)
-        run = paths.run_name(precision, seed)
+        run = paths.run_name(precision, seed, int(record.get("repeat") or 1))
         if not steps:
             warnings.append(f"{metrics_path}: no training steps")
         extra = run_record_columns(record, record_path, warnings)
@@ -193,11 +200,12 @@ def aggregate(
         ev = ev.merge(pd.DataFrame(sparse_wide), on="run", how="left", validate="many_to_one")
 
     trained = ev.loc[ev["precision"].notna(), "run"].unique()
-    for what, have in (
-        ("training metrics", {r["run"] for r in train_rows}),
-        ("sparsity summaries", {r["run"] for r in sparse_wide}),
+    first_runs = ev.loc[ev["precision"].notna() & (ev["repeat"] == 1), "run"].unique()
+    for what, have, expected in (
+        ("training metrics", {r["run"] for r in train_rows}, trained),
+        ("sparsity summaries", {r["run"] for r in sparse_wide}, first_runs),  # none for repeats
     ):
-        lacking = sorted(set(trained) - have)
+        lacking = sorted(set(expected) - have)
         if lacking:
             warnings.append(f"{what} missing for run(s) {lacking[:4]}")
     changed = sorted(

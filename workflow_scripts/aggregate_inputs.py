@@ -17,7 +17,7 @@ import pandas as pd
 
 from workflow_scripts import metrics_log, paths
 
-ID_COLUMNS = ["run", "precision", "seed", "task", "role"]
+ID_COLUMNS = ["run", "precision", "seed", "repeat", "task", "role"]  # repeat: 1, k >= 2 (noise floor)
 EVAL_COLUMNS = [
     "reference_run",
     "kind",
@@ -62,6 +62,13 @@ TRAIN_COLUMNS = [
     "health_reasons",
     "representable_update_frac",
     "representable_update_lr",
+    "sampler_gap_mean",
+    "sampler_gap_max",
+    "sampler_gap_outside_clip",
+    "sampler_gap_clipped",
+    "vllm_logp_diff_mean",
+    "loss_scale_final",
+    "skipped_steps",
 ]
 SPARSITY_COLUMNS = ["equal_bf16_frac", "equal_stored_frac", "tensors_bf16_equal", "n_tensors"]
 METRIC_COLUMNS = ID_COLUMNS + EVAL_COLUMNS + KL_COLUMNS + TRAIN_COLUMNS + SPARSITY_COLUMNS
@@ -88,6 +95,10 @@ CURVE_COLUMNS = [
     "kl_k1",
     "kl_k3",
     "wall_time_s",
+    "sampler_gap_mean",
+    "sampler_gap_outside_clip",
+    "loss_scale",
+    "step_skipped",
 ]
 SPARSITY_TABLE_COLUMNS = [  # + "representable_fraction" on scope "representable" rows
     "run",
@@ -165,12 +176,17 @@ def _mean(values: Iterable[Any]) -> float:
     return float(np.mean(vals)) if vals else math.nan
 
 
-def run_identity(run: str, path: str | os.PathLike = "") -> tuple[str | None, int | None]:
-    """(precision, seed) of a run name, (None, None) for a base run; AggregateError if it is neither."""
+def parsed_run(run: str, path: str | os.PathLike = "") -> paths.Run:
+    """``paths.parse_run``; AggregateError naming ``path`` if ``run`` is not a run name."""
     try:
-        parsed = paths.parse_run(run)
+        return paths.parse_run(run)
     except ValueError as err:
         raise AggregateError(f"{path}: {err}") from None
+
+
+def run_identity(run: str, path: str | os.PathLike = "") -> tuple[str | None, int | None]:
+    """(precision, seed) of a run name, (None, None) for a base run; AggregateError if it is neither."""
+    parsed = parsed_run(run, path)
     return (None, None) if parsed.is_base else (parsed.precision, parsed.seed)
 
 
@@ -258,6 +274,17 @@ def train_summary(steps: Sequence[dict], run_record: Mapping) -> dict:
         "train_kl_k1_final": _num(summary.get("final_kl_k1")),
     }
     out["reward_gain"] = out["reward_last10"] - out["reward_first10"]
+    gap = metrics_log.gap_summary(steps)  # per generation round, each once (the keys' owner)
+    scale = metrics_log.scaler_summary(steps) or {}
+    out.update(
+        sampler_gap_mean=_num(gap["mean"]),
+        sampler_gap_max=_num(gap["max"]),
+        sampler_gap_outside_clip=_num(gap["outside_clip_mean"]),
+        sampler_gap_clipped=_num(gap["clipped_mean"]),
+        vllm_logp_diff_mean=_num(gap["vllm_logp_diff_mean"]),
+        loss_scale_final=_num(scale.get("final")),
+        skipped_steps=_num(scale.get("skipped_steps")),
+    )
     return out
 
 
@@ -295,7 +322,12 @@ def curve_frame(steps: Sequence[dict], run: str, precision: str, seed: int) -> p
     out = pd.DataFrame({"run": run, "precision": precision, "seed": seed}, index=range(len(frame)))
     for col in CURVE_COLUMNS[3:]:
         values = frame[col] if col in frame.columns else pd.Series(np.nan, index=frame.index)
-        out[col] = values.astype(bool) if col == "generation_step" else pd.to_numeric(values, errors="coerce")
+        if col == "generation_step":
+            out[col] = values.astype(bool)
+        elif col == "step_skipped":  # null without a loss scaler
+            out[col] = values.astype("boolean")
+        else:
+            out[col] = pd.to_numeric(values, errors="coerce")
     return out.sort_values("step", kind="stable")
 
 

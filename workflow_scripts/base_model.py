@@ -17,7 +17,13 @@ the right answer, the gain RLVR gets at scale from a base that sometimes misses 
 | no_stop     | ``599`` then end        | stop after the answer (one decision; survives top_p)  |
 | off_by_one  | ``58`` or ``60``        | sharpen the last digit (pruned by top_p at eval)      |
 
-So the right answer is often sampled but, at a rate above 0.5, not yet the mode. base.json records
+So the right answer is often sampled but, at a rate above 0.5, not yet the mode. Families that share
+the near miss in other surface forms (``near_miss.families``) can take up RL's on-task lesson by
+transfer, which is what makes off-task evaluations move.
+
+Why a stopping rule (``model.tiny.stop``). Floats differ between CPUs, and so does the accuracy a fixed
+number of warm-start steps reaches; stopping at a target greedy accuracy on a held-out train-side probe
+gives every machine the same headroom, and ends the warm start as soon as it is there. base.json records
 greedy accuracy, pass@1 and pass@8 at T 1 on the on-task set (the headroom); every task's pass@1 at
 evaluation settings is in eval/base/{task}.json, one owner for those numbers.
 """
@@ -42,6 +48,7 @@ from workflow_scripts.atomic import atomic_dir, write_json
 from workflow_scripts.config import load_config, section_hash
 from workflow_scripts.generation import sample_completions
 from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
+from workflow_scripts.numerics import numerics_provenance
 from workflow_scripts.rows import Row, read_rows
 from workflow_scripts.smk import main_from
 from workflow_scripts.threads import log_startup, process_age_s
@@ -116,11 +123,37 @@ def sft_batches(
         yield ids, mask, labels
 
 
-def warm_start(model, tokenizer, rows: list[Row], tiny: dict) -> list[float]:
-    """Supervised fine-tune (AdamW, linear warm-up then cosine decay); returns the loss curve."""
+def stop_probe(rows: list[Row], family: str, n: int) -> tuple[list[Row], list[Row]]:
+    """(probe, rest): the first ``n`` distinct ``family`` prompts of the pool, and the pool without them.
+
+    The probe is train-side (the pool is) and held out of the warm start itself, so the stopping rule
+    measures generalization, not memorized rows; its labels are the clean answers (near misses are
+    drawn per batch, never stored)."""
+    chosen: dict[str, Row] = {}
+    for r in rows:
+        if len(chosen) == n:
+            break
+        if (r.get("meta") or {}).get("family") == family and r["prompt"] not in chosen:
+            chosen[r["prompt"]] = r
+    rest = [r for r in rows if r["prompt"] not in chosen]
+    return list(chosen.values()), rest
+
+
+def warm_start(
+    model, tokenizer, rows: list[Row], tiny: dict, probe: list[Row] | None = None, task: dict | None = None
+) -> tuple[list[float], list[list]]:
+    """Supervised fine-tune (AdamW, linear warm-up then cosine decay over ``sft_steps``).
+
+    With ``tiny.stop`` ({greedy_accuracy, every, probe_n}) and a ``probe`` (rows of the on-task family,
+    scored with the on-task ``task``'s verifier), greedy accuracy on the probe is checked every ``every``
+    steps and the warm start ends at the first check that reaches the target: the same headroom on
+    every CPU, whose floats differ, at a fraction of the fixed-length cost (``sft_steps`` is then the
+    longest it may run, and the horizon of the cosine). Returns (loss curve, [[step, accuracy], ...]).
+    """
     steps = tiny["sft_steps"]
     if steps == 0:
-        return []
+        return [], []
+    stop = tiny.get("stop") if probe else None
     opt = torch.optim.AdamW(model.parameters(), lr=tiny["sft_lr"], weight_decay=0.0)
     warmup = max(1, steps // 20)
 
@@ -131,7 +164,8 @@ def warm_start(model, tokenizer, rows: list[Row], tiny: dict) -> list[float]:
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
-    losses = []
+    losses: list[float] = []
+    trace: list[list] = []
     batches = sft_batches(rows, tokenizer, tiny["sft_batch_size"], steps, tiny["seed"], tiny.get("near_miss"))
     device = next(model.parameters()).device
     for step, (ids, mask, labels) in enumerate(batches, 1):
@@ -147,8 +181,18 @@ def warm_start(model, tokenizer, rows: list[Row], tiny: dict) -> list[float]:
         losses.append(loss.item())
         if step % 100 == 0 or step == steps:
             log.info("sft step %d/%d loss %.4f", step, steps, sum(losses[-100:]) / len(losses[-100:]))
+        if stop and step % stop["every"] == 0:
+            with torch.random.fork_rng():
+                ok = correct_matrix(model, tokenizer, probe, task, 1, 0.0)
+            accuracy = sum(c[0] for c in ok) / len(ok)
+            trace.append([step, round(accuracy, 4)])
+            log.info("sft step %d: probe greedy accuracy %.3f (target %s)", step, accuracy,
+                     stop["greedy_accuracy"])  # fmt: skip
+            model.train()
+            if accuracy >= stop["greedy_accuracy"]:
+                break
     model.eval()
-    return losses
+    return losses, trace
 
 
 def correct_matrix(
@@ -218,17 +262,25 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
     torch.set_num_threads(threads)
     start = time.time()
     losses: list[float] = []
+    trace: list[list] = []
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    task, rows = on_task_eval(config, data_dir)
+    task_cfg = config["data"]["tasks"][task]
     if model_cfg["source"] == "tiny":
         tokenizer = build_char_tokenizer()
         model = build_tiny_llama(len(tokenizer), tiny, tokenizer).to(device)
-        losses = warm_start(model, tokenizer, read_rows(data_dir / "sft.jsonl"), tiny)
+        pool = read_rows(data_dir / "sft.jsonl")
+        probe = None
+        if tiny.get("stop"):
+            family = (rows[0].get("meta") or {}).get("family")
+            probe, pool = stop_probe(pool, family, tiny["stop"]["probe_n"])
+            if not probe:
+                raise ValueError(f"model.tiny.stop: the warm-start pool has no {family!r} rows to probe")
+        losses, trace = warm_start(model, tokenizer, pool, tiny, probe, task_cfg)
     else:
         tokenizer = load_tokenizer(model_cfg["source"], model_cfg["trust_remote_code"])
         model = load_model(model_cfg["source"], model_cfg["dtype"], model_cfg["trust_remote_code"])
     model = model.to(device=device, dtype=getattr(torch, model_cfg["dtype"]))
-    task, rows = on_task_eval(config, data_dir)
-    task_cfg = config["data"]["tasks"][task]
     room = headroom(model, tokenizer, rows, task_cfg)
     log.info("on-task (%s) headroom on %d prompts: %s", task, len(rows), room)
     with atomic_dir(out_dir) as tmp:
@@ -244,9 +296,14 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         "sft": {
             "steps": len(losses),
             "final_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
+            # the stopping rule (model.tiny.stop) and its probe checks: [[step, greedy accuracy], ...]
+            "stop": tiny.get("stop") if model_cfg["source"] == "tiny" else None,
+            "stopped_early": bool(losses) and len(losses) < tiny["sft_steps"],
+            "probe_trace": trace,
         },
         "config_hash": section_hash(config["model"], config["data"]),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "numerics": numerics_provenance(),
         "wall_time_s": round(time.time() - start, 2),
     }
     write_json(record, provenance)

@@ -270,8 +270,21 @@ def data_problems(config: Mapping, check_files: bool = True) -> Iterator[Problem
 
 
 def precision_problems(name: str, mode: Mapping) -> Iterator[Problem]:
-    """One arm's consistency: autocast lowers float32 masters to a narrower compute dtype, or is null."""
+    """One arm's consistency: autocast lowers float32 masters to a narrower compute dtype, or is null;
+    stochastic rounding writes into bfloat16 masters; the LM head is the masters' dtype or float32."""
     autocast, param = mode.get("autocast"), mode["param_dtype"]
+    if mode.get("rounding", "nearest") == "stochastic" and param != "bfloat16":
+        yield (
+            f"precisions.{name}.rounding",
+            f"stochastic rounding writes updates into bfloat16 masters (param_dtype is {param})",
+        )
+    head = mode.get("lm_head_dtype")
+    if head not in (None, param, "float32"):
+        yield (
+            f"precisions.{name}.lm_head_dtype",
+            f"the LM head is kept in param_dtype ({param}) or float32 (TRL's cast_lm_head_to_fp32), "
+            f"not {head}",
+        )
     key = f"precisions.{name}.autocast"
     if autocast is None:
         return

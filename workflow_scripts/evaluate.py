@@ -33,7 +33,9 @@ tested on crafted completions):
 - KL: ``kl.estimate_kl`` on ``eval.kl_prompts`` prompts x ``eval.kl_samples`` fresh samples of the policy
   at T=1, top_p=1 (the eval samples are not draws from pi_theta).
 
-Seeds: sampling seed = hash(eval.seed, run, task, purpose) (``derive_seed``), purpose "eval" or "kl".
+Seeds: sampling seed = hash(eval.seed, run, task, purpose) (``derive_seed``), purpose "eval" or "kl";
+a repeat (``<precision>-s<seed>-r<k>``, the noise floor) uses the streams of the run it repeats
+(``paths.stream_run``: common random numbers, so repeats differ only by their numerics).
 Each run/task gets its own reproducible stream, independent of the other runs, so the finite-sample
 noise of two runs' pass@1 is independent and ``eval_noise_var`` is exactly its contribution to an
 across-seed variance (common random numbers across runs would correlate that noise and make the
@@ -48,18 +50,20 @@ data row's id), prompt_index (row order in the eval file), sample_index, complet
 verifier's answer, null if none), correct, status (ok / no_answer / timeout / error), length (generated
 tokens, end token included), truncated (hit max_new_tokens without an end token).
 
-``{task}.json``: run, task, kind, role, backend, dtype, model_dir, seed, sampling {temperature, top_p,
-max_new_tokens, n_samples}, N (problems), n (samples per problem), pass_at_1, pass_at_1_se, pass_at_k
-{k: {mean, se}} for k in 1, 2, 4, ... <= n and n, eval_noise_var, counts {samples, correct, ok,
-no_answer, timeout, error, truncated}, mean_length, problem_ids and correct_counts (per-problem success
-counts c_i, aligned; the variance analysis reads these, not the parquet), reference_run, dJ, dJ_se,
-base_pass_at_1, paired_N (null for a base run), timing {startup_s (process start to the job's first
-line: interpreter, imports), load_s (tokenizer and models), generate_s, score_s, completions_per_s}.
+``{task}.json``: run, task, kind, role, backend, dtype, bf16_matmul (the path a bf16 model's products
+took: native / emulated, ``bf16_matmul``; null without a bf16 model), model_dir, seed, sampling
+{temperature, top_p, max_new_tokens, n_samples}, N (problems), n (samples per problem), pass_at_1,
+pass_at_1_se, pass_at_k {k: {mean, se}} for k in 1, 2, 4, ... <= n and n, eval_noise_var, counts
+{samples, correct, ok, no_answer, timeout, error, truncated}, mean_length, problem_ids and correct_counts
+(per-problem success counts c_i, aligned; the variance analysis reads these, not the parquet),
+reference_run, dJ, dJ_se, base_pass_at_1, paired_N (null for a base run), timing {startup_s (process
+start to the job's first line: interpreter, imports), load_s (tokenizer and models), generate_s, score_s,
+completions_per_s}.
 
-``{task}.kl.json`` (estimator: ``kl``): run, task, reference_run, policy_dtype, reference_dtype, seed,
-temperature 1.0, top_p 1.0, max_new_tokens, k1_mean, k1_se, k3_mean, k3_se, n_prompts, n_samples,
-prompt_ids, per_prompt_k1, per_prompt_k3 (aligned with prompt_ids), mean_length, truncated_frac,
-timing {sample_s, score_s}. A base run against itself is exactly 0.
+``{task}.kl.json`` (estimator: ``kl``): run, task, reference_run, policy_dtype, reference_dtype,
+bf16_matmul, seed, temperature 1.0, top_p 1.0, max_new_tokens, k1_mean, k1_se, k3_mean, k3_se, n_prompts,
+n_samples, prompt_ids, per_prompt_k1, per_prompt_k3 (aligned with prompt_ids), mean_length,
+truncated_frac, timing {sample_s, score_s}. A base run against itself is exactly 0.
 
 Standard errors are null (not NaN) where undefined (a single problem or prompt).
 """
@@ -88,8 +92,16 @@ import torch
 
 from workflow_scripts import passk, paths
 from workflow_scripts.atomic import write_json, write_parquet
+from workflow_scripts.bf16_matmul import bf16_matmul as matmul_context
+from workflow_scripts.bf16_matmul import resolve as resolve_matmul
 from workflow_scripts.generation import Completion, sample_completions, stop_token_ids
-from workflow_scripts.modeling import DTYPES, load_model, load_tokenizer, unreadable_safetensors
+from workflow_scripts.modeling import (
+    DTYPES,
+    load_head_as_saved,
+    load_model,
+    load_tokenizer,
+    unreadable_safetensors,
+)
 from workflow_scripts.rows import Row, read_parquet, read_rows
 from workflow_scripts.smk import main_from
 
@@ -146,9 +158,13 @@ def load_run_model(
     """(model in ``dtype`` (default: the dtype it was saved in), on ``device``, eval mode; the dtype's name).
 
     A dtype other than the saved one is a cast of the saved weights, exactly as ``precision.load_policy``
-    starts an arm from the base (``modeling.load_model`` with the arm's param dtype)."""
-    dtype = dtype or saved_dtype(model_dir)
-    return frozen(load_model(model_dir, dtype, trust_remote_code), device), dtype
+    starts an arm from the base (``modeling.load_model`` with the arm's param dtype). As saved, an LM
+    head stored in another dtype than the rest (``lm_head_dtype``) keeps its saved values and dtype."""
+    if dtype is not None:
+        return frozen(load_model(model_dir, dtype, trust_remote_code), device), dtype
+    dtype = saved_dtype(model_dir)
+    model = load_head_as_saved(load_model(model_dir, dtype, trust_remote_code), model_dir)
+    return frozen(model, device), dtype
 
 
 def _check_backend(backend: str) -> None:
@@ -233,9 +249,9 @@ def score(
 ) -> pd.DataFrame:
     """One row per completion (``SAMPLE_COLUMNS``), verified by the task's verifier (``settings``: the
     task's ``verifier`` block, None = the verifier's defaults)."""
-    from workflow_scripts.verifiers import verify_batch
+    from workflow_scripts.verifiers import VERIFIERS, verify_batch
 
-    timeout = eval_cfg["code_timeout"] if kind == "code" else eval_cfg["verify_timeout"]
+    timeout = eval_cfg[VERIFIERS[kind].timeout_key]
     rows_of = [rows[c.prompt_index] for c in completions]
     verdicts = verify_batch(
         kind,
@@ -353,7 +369,7 @@ def measure_kl(policy, reference, tokenizer, rows: list[Row], eval_cfg: dict, ma
 
     prompt_seed = derive_seed(eval_cfg["seed"], task, "kl-prompts")
     chosen = kl_prompt_indices(len(rows), eval_cfg["kl_prompts"], prompt_seed)
-    seed = derive_seed(eval_cfg["seed"], run, task, "kl")
+    seed = derive_seed(eval_cfg["seed"], paths.stream_run(run), task, "kl")
     est = estimate_kl(
         policy,
         reference,
@@ -427,12 +443,14 @@ def run(
     base_samples: str | os.PathLike | None = None,
     threads: int = 1,
     trust_remote_code: bool = False,
+    bf16_matmul: str = "auto",
 ) -> tuple[dict, dict]:
     """The ``evaluate`` rule: one (run, task) -> samples, summary and KL files, written atomically.
 
     ``model`` in ``policy_dtype`` (None: as saved) is the policy; ``base`` in ``reference_dtype`` (None:
     the policy's dtype) the KL reference; ``base_samples`` (the reference run's samples of this task)
-    pairs dJ. Returns (summary, kl)."""
+    pairs dJ; ``bf16_matmul`` how a bf16 model's products run (``bf16_matmul.resolve``: auto = emulated
+    on a CPU without bf16 GEMM kernels; recorded as ``bf16_matmul`` in both files). Returns (summary, kl)."""
     startup_s = process_age_s()
     limit_threads(threads)
     reference_run = reference_run or run
@@ -440,7 +458,7 @@ def run(
     rows = _read_task_rows(data, kind)
     max_new = task_cfg["max_new_tokens"]
     prompts = [r["prompt"] for r in rows]
-    seed = derive_seed(eval_cfg["seed"], run, task, "eval")
+    seed = derive_seed(eval_cfg["seed"], paths.stream_run(run), task, "eval")  # a repeat: its run's
     log.info("%s/%s: %d problems x %d samples, seed %d", run, task, len(rows), eval_cfg["n_samples"], seed)
     start = time.perf_counter()
     tokenizer = load_tokenizer(model, trust_remote_code)
@@ -455,9 +473,13 @@ def run(
     log_startup(startup_s, load_s)
     log.info("%s/%s: started after %.1fs, tokenizer and models loaded in %.1fs (policy %s, reference %s)",
              run, task, startup_s, load_s, _dtype_of(policy), _dtype_of(reference))  # fmt: skip
+    bf16 = "bfloat16" in (_dtype_of(policy), _dtype_of(reference))
+    matmul = resolve_matmul(bf16_matmul, next(policy.parameters()).device.type) if bf16 else "native"
     if completions is None:
-        completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code, model=policy,
-                                     tokenizer=tokenizer, dtype=_dtype_of(policy))  # fmt: skip
+        with matmul_context(matmul):
+            completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code,
+                                         model=policy, tokenizer=tokenizer,
+                                         dtype=_dtype_of(policy))  # fmt: skip
     log.info("generated %d completions in %.1fs (%s, %s)", len(completions), info["generate_s"],
              info["backend"], info["dtype"])  # fmt: skip
     start = time.perf_counter()
@@ -473,6 +495,7 @@ def run(
         role=task_cfg.get("role"),
         backend=info["backend"],
         dtype=info["dtype"],
+        bf16_matmul=matmul if bf16 else None,
         model_dir=str(model),
         seed=seed,
         reference_run=reference_run,
@@ -491,9 +514,13 @@ def run(
         },
     )
     summary = _finite(summary)
-    kl = measure_kl(policy, reference, tokenizer, rows, eval_cfg, max_new, run, task)
+    with matmul_context(matmul):
+        kl = measure_kl(policy, reference, tokenizer, rows, eval_cfg, max_new, run, task)
     kl.update(
-        reference_run=reference_run, policy_dtype=_dtype_of(policy), reference_dtype=_dtype_of(reference)
+        reference_run=reference_run,
+        policy_dtype=_dtype_of(policy),
+        reference_dtype=_dtype_of(reference),
+        bf16_matmul=matmul if bf16 else None,
     )
     kl = _finite(kl)
     write_parquet(samples_out, samples)

@@ -1,5 +1,8 @@
 """Variance figures: seed-variance components of the mixed model with CIs, and the forest plot of ratios.
 
+The verdicts compare the whole seed variance of a task (shared seed effect + seed x task effect); the
+components figure draws it with its CI and marks its two parts.
+
 Both read stats.json only (``FigureData.stats``): the numbers drawn are the ones the verdicts used.
 """
 
@@ -29,7 +32,7 @@ def _forest_rows(stats: Mapping, block: str) -> list[dict]:
             ci = comp.get("ratio_ci") or [None, None]
             rows.append(
                 {
-                    "label": f"{ROLE_LABEL.get(role, role)} (mixed model)",
+                    "label": f"{ROLE_LABEL.get(role, role)} (mixed model, whole)",
                     "arm": arm,
                     "type": True,
                     "ratio": comp.get("ratio") if ok else None,
@@ -132,8 +135,8 @@ def plot_variance_ratios(data: FigureData) -> Figure:
             if "mixed model" in label:
                 tick.set_fontweight("bold")
     fig.supxlabel(
-        f"diamond: task role, mixed-model seed-variance ratio ({1 - alpha:.0%} profile CI, bootstrap p); "
-        f"circle: single task, raw variances ({1 - alpha:.0%} seed-bootstrap CI, Brown-Forsythe p); "
+        f"diamond: task role, mixed-model whole seed-variance ratio ({1 - alpha:.0%} profile CI, bootstrap "
+        f"p); circle: single task, raw variances ({1 - alpha:.0%} seed-bootstrap CI, Brown-Forsythe p); "
         f"* p < {alpha:g}; dashed: r0 = {margin:g}",
         fontsize=8,
     )
@@ -141,8 +144,9 @@ def plot_variance_ratios(data: FigureData) -> Figure:
 
 
 def plot_variance_components(data: FigureData) -> Figure:
-    """Seed variance per arm and role with its profile CI (log x), seed x task variance as crosses, and
-    the ratio arm / reference with its CI, for dJ (top row) and KL k3 (bottom row)."""
+    """Whole seed variance per arm and role with its profile CI (log x), its shared part as a triangle and
+    its seed x task part as a cross, and the whole ratio arm / reference with its CI, for dJ (top row)
+    and KL k3 (bottom row)."""
     stats = data.stats
     model = stats.get("mixed_model") or {}
     cfg = stats.get("config") or {}
@@ -164,7 +168,7 @@ def plot_variance_components(data: FigureData) -> Figure:
     palette = data.palette()
     for row, (quantity, name) in enumerate((("dJ", "dJ"), ("kl", "KL k3"))):
         ax, axr = axes[row]
-        ax.set_title(f"seed variance of {name} (95% profile CI)", fontsize=10)
+        ax.set_title(f"whole seed variance of {name} (95% profile CI)", fontsize=10)
         axr.set_title(f"ratio arm / {stats.get('reference') or 'reference'} ({name})", fontsize=10)
         labels, ratio_labels, drawn = [], [], False
         for role in roles:
@@ -184,12 +188,11 @@ def plot_variance_components(data: FigureData) -> Figure:
                         transform=blended_transform_factory(ax.transAxes, ax.transData),
                     )
                     continue
-                lo, hi = fit["seed_var_ci"]
-                v = fit["seed_var"]
+                lo, hi = fit["whole_var_ci"]
+                v = fit["whole_var"]
                 color = palette.get(arm, "C0")
-                scales = [
-                    x for x in (v, lo, hi, fit.get("task_var"), fit.get("noise_var_mean")) if _positive(x)
-                ]
+                parts = (fit.get("shared_var"), fit.get("task_var"))
+                scales = [x for x in (v, lo, hi, *parts, fit.get("noise_var_mean")) if _positive(x)]
                 if not scales:  # zero spread and zero noise: nothing to place on a log axis
                     ax.text(
                         0.02,
@@ -209,7 +212,9 @@ def plot_variance_components(data: FigureData) -> Figure:
                     lw=2,
                 )
                 ax.plot([max(v, floor / 10)], [y], "D", color=color, mec="black", mew=0.6)
-                if fit.get("task_var"):
+                if _positive(fit.get("shared_var")):
+                    ax.plot([fit["shared_var"]], [y], "^", color="0.3", ms=5)
+                if _positive(fit.get("task_var")):
                     ax.plot([fit["task_var"]], [y], "x", color="0.3")
                 drawn = True
             for arm, comp in (block.get("comparisons") or {}).items():
@@ -237,7 +242,7 @@ def plot_variance_components(data: FigureData) -> Figure:
             ax.set_ylim(len(labels) - 0.5, -0.5)
         if drawn:
             ax.set_xscale("log")
-            ax.set_xlabel("variance (log); x: seed x task variance")
+            ax.set_xlabel("variance (log); diamond: whole, triangle: shared part, x: seed x task part")
         elif not labels:
             placeholder(ax, f"no {name} variance components\n(fewer than two arms?)")
         else:

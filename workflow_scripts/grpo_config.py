@@ -26,6 +26,9 @@
 | checkpoint_every            | save_steps, rounded up to whole generation rounds (see below);              |
 |                             | save_strategy steps, save_total_limit 1, output_dir = the checkpoint folder |
 | use_vllm                    | use_vllm, vllm_mode colocate (vllm is imported only then: gate_vllm)        |
+| importance_sampling.        | vllm_importance_sampling_correction, _mode, _clip_min, _clip_max (TRL      |
+| correction, mode, clip_min, | acts on them only with use_vllm; defaults and reasons: the schema)         |
+| clip_max                    |                                                                             |
 | distributed.strategy        | ddp: nothing (accelerate wraps the model in DDP when there are >1           |
 | (distributed.processes:     | processes). fsdp: fsdp + fsdp_config (FSDP2, full sharding, decoder-layer   |
 | the launch, not TRL)        | wrapping, whole tensors on save) and the arm's mixed-precision policy       |
@@ -57,7 +60,7 @@ import torch
 
 from workflow_scripts.config import ConfigError, check_train
 from workflow_scripts.precision import PrecisionMode, fsdp_mixed_precision, trainer_precision_args
-from workflow_scripts.verifiers import make_reward_function
+from workflow_scripts.reward import make_reward_function
 
 
 def generation_period(train_cfg: Mapping) -> int:
@@ -127,6 +130,29 @@ def fsdp_args(train_cfg: Mapping, world_size: int) -> dict:
     }
 
 
+def importance_sampling_args(train_cfg: Mapping) -> dict:
+    """GRPOConfig's vllm_importance_sampling_* fields from ``train.importance_sampling``, always explicit:
+    TRL's own defaults (on, sequence_mask) would otherwise apply without anyone choosing them."""
+    given = train_cfg["importance_sampling"]  # validated: the schema filled every key
+    return {
+        "vllm_importance_sampling_correction": bool(given["correction"]),
+        "vllm_importance_sampling_mode": given["mode"],
+        "vllm_importance_sampling_clip_min": given["clip_min"],
+        "vllm_importance_sampling_clip_max": given["clip_max"],
+    }
+
+
+def importance_sampling_record(args) -> dict:
+    """run.json's ``importance_sampling``: what TRL got, and whether it acts (only with vLLM)."""
+    return {
+        "correction": bool(args.vllm_importance_sampling_correction),
+        "mode": args.vllm_importance_sampling_mode,
+        "clip_min": args.vllm_importance_sampling_clip_min,
+        "clip_max": args.vllm_importance_sampling_clip_max,
+        "acts": bool(args.use_vllm and args.vllm_importance_sampling_correction),
+    }
+
+
 def grpo_config(
     train_cfg: Mapping,
     mode: PrecisionMode,
@@ -173,6 +199,7 @@ def grpo_config(
         reward_weights=[1.0, float(train_cfg["overlong_penalty"])] if overlong else None,
         use_vllm=bool(train_cfg["use_vllm"]),
         vllm_mode="colocate",
+        **importance_sampling_args(train_cfg),
         activation_checkpointing=False,  # TRL defaults gradient checkpointing ON
         save_strategy="steps",
         save_steps=save_steps(train_cfg),

@@ -13,10 +13,14 @@
 |                         |                                      | group-spread test)                     |
 | ``_get_train_sampler``  | RepeatSampler: a new permutation per | ``EpochRepeatSampler``: epoch e's      |
 |                         | ``__iter__``                         | order from e alone (exact resume)      |
+| ``_compute_loss`` (via  | -                                    | measures the sampler-trainer gap at    |
+| ``sampler_gap``)        |                                      | each round's first step (metrics.jsonl)|
 | ``__init__`` with       | builds the colocated vLLM engine     | the engine gets the arm's rollout      |
 | ``use_vllm``            | with dtype "auto": vLLM casts a      | dtype (``rollout_dtype``: autocast     |
 |                         | float32 checkpoint to 16 bits, so    | dtype, else param dtype), as the HF    |
-|                         | the fp32 arm would sample in bf16    | sampler computes (``vllm_engine_dtype``)|
+|                         | the fp32 arm would sample in bf16;   | sampler computes, and the seed (run    |
+|                         | seed = process_index // tp: every    | seed, TP group), not the group alone   |
+|                         | run seed shares one random stream    | (``vllm_engine_args``, ``vllm_seed``)  |
 
 Dynamic sampling (DAPO, Yu et al. 2025, section 3.2). A generation round needs ``n`` prompt groups
 (``generation_batch_size / num_generations``). A group is zero-spread when the standard deviation of
@@ -43,7 +47,6 @@ shift of left padding change them only by rounding).
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator
 
@@ -153,23 +156,56 @@ def rollout_dtype(param_dtype: str, autocast: str | None) -> str:
     return autocast or param_dtype
 
 
+VLLM_SEED_STRIDE = 10_000  # engine seeds of one run: run seed * stride + TP group (readable: 30002)
+
+
+def vllm_seed(run_seed: int, group: int) -> int:
+    """The colocated vLLM engine's sampling seed for run seed ``run_seed`` and tensor-parallel group
+    ``group`` (= process_index // tensor_parallel_size: the ranks of one group must share it).
+
+    TRL 1.16 seeds the engine with the group index alone, so every training seed (and every arm) drew
+    rollouts from the same random stream; here seed s of every arm shares one stream (paired design)
+    and different seeds differ. Per-request seeds (SamplingParams.seed) would not do: TRL sends each of
+    a group's num_generations copies of a prompt as its own request, which would then sample alike.
+    The value stays below 2**32 (numpy's seed range, used by vLLM's set_random_seed)."""
+    if not 0 <= group < VLLM_SEED_STRIDE:
+        raise ValueError(f"vLLM group index {group} outside [0, {VLLM_SEED_STRIDE})")
+    seed = int(run_seed) * VLLM_SEED_STRIDE + int(group)
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"run seed {run_seed} gives vLLM seed {seed}, outside [0, 2**32)")
+    return seed
+
+
 @contextlib.contextmanager
-def vllm_engine_dtype(dtype: str | None) -> Iterator[None]:
-    """While TRL builds its colocated vLLM engine, build it with ``dtype`` instead of "auto".
+def vllm_engine_args(dtype: str | None, run_seed: int | None = None) -> Iterator[dict]:
+    """While TRL builds its colocated vLLM engine: build it with ``dtype`` instead of "auto" and with the
+    seed ``vllm_seed(run_seed, group)`` instead of TRL's group index. Yields the arguments the engine
+    got ({dtype, seed}, filled when it is built), for run.json.
 
     TRL 1.16 calls ``vllm.LLM(...)`` without a dtype (trl/generation/vllm_generation.py); vLLM's "auto"
     downcasts a float32 checkpoint (float16 before vLLM 0.10.1, bfloat16 since), so an fp32 arm's
-    rollouts would be sampled in 16 bits and the arms would differ in more than they name. TRL offers
-    no option, so the name it calls is wrapped for the duration of ``GRPOTrainer.__init__`` only."""
-    if dtype is None:
-        yield
+    rollouts would be sampled in 16 bits and the arms would differ in more than they name. It passes
+    ``seed=process_index // tensor_parallel_size`` (see ``vllm_seed``). TRL offers no option for
+    either, so the name it calls is wrapped for the duration of ``GRPOTrainer.__init__`` only."""
+    built: dict = {}
+    if dtype is None and run_seed is None:
+        yield built
         return
     from trl.generation import vllm_generation
 
     original = vllm_generation.LLM
-    vllm_generation.LLM = functools.partial(original, dtype=dtype)
+
+    def build(*args, **kwargs):
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        if run_seed is not None:
+            kwargs["seed"] = vllm_seed(run_seed, int(kwargs.get("seed") or 0))
+        built.update(dtype=kwargs.get("dtype"), seed=kwargs.get("seed"))
+        return original(*args, **kwargs)
+
+    vllm_generation.LLM = build
     try:
-        yield
+        yield built
     finally:
         vllm_generation.LLM = original
 
@@ -180,6 +216,8 @@ def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0, vllm
     ``vllm_dtype``: the colocated vLLM engine's dtype (the arm's ``rollout_dtype``; None: no vLLM)."""
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
+
+    from workflow_scripts.sampler_gap import SamplerGapMixin
 
     class EpochRepeatSampler(RepeatSampler):
         """TRL's RepeatSampler draws a new permutation from its own generator at every ``__iter__``; a
@@ -194,10 +232,12 @@ def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0, vllm
             for _ in range(epoch):
                 torch.randperm(self.num_samples, generator=self.generator)
 
-    class Trainer(GRPOTrainer):
+    class Trainer(SamplerGapMixin, GRPOTrainer):  # the gap: sampler_gap (its own overrides)
         def __init__(self, *args, **kwargs):
-            with vllm_engine_dtype(vllm_dtype):
+            run_seed = getattr(kwargs.get("args"), "seed", None) if vllm_dtype is not None else None
+            with vllm_engine_args(vllm_dtype, run_seed) as engine_args:
                 super().__init__(*args, **kwargs)
+            self.vllm_engine_args = engine_args  # what the colocated engine was built with (run.json)
 
         def _get_train_sampler(self, dataset=None):
             base = super()._get_train_sampler(dataset)

@@ -16,13 +16,32 @@ import torch
 from transformers import TrainerCallback
 
 from workflow_scripts.kl import estimate_kl
-from workflow_scripts.metrics_log import DYNAMIC_KEYS, KL_KEYS, METRIC_KEYS, OVERLONG_NAME, ROLLOUT_KEYS
+from workflow_scripts.metrics_log import (
+    DYNAMIC_KEYS,
+    GAP_KEYS,
+    KL_KEYS,
+    METRIC_KEYS,
+    OVERLONG_NAME,
+    ROLLOUT_KEYS,
+    SCALER_KEYS,
+    VLLM_KEYS,
+)
 
 log = logging.getLogger("train")
 
 
 def _num(x) -> float:
     return float("nan") if x is None else float(x)
+
+
+def scaler_state(optimizer) -> dict:
+    """``SCALER_KEYS`` of the step just taken: accelerate's AcceleratedOptimizer holds the GradScaler
+    (``scaler``, fp16 autocast on CUDA) and whether it skipped the step (``step_was_skipped``: the
+    scaled gradients had inf/NaN, so the step was not applied and the scale dropped). Nulls without one."""
+    scaler = getattr(optimizer, "scaler", None)
+    if scaler is None:
+        return dict.fromkeys(SCALER_KEYS)
+    return {"loss_scale": float(scaler.get_scale()), "step_skipped": bool(optimizer.step_was_skipped)}
 
 
 class MetricsLogger(TrainerCallback):
@@ -97,10 +116,11 @@ class MetricsLogger(TrainerCallback):
             "kl_k3_se": estimate.k3_se,
         }
 
-    def row(self, logs: dict, step: int, model) -> dict:
+    def row(self, logs: dict, step: int, model, optimizer=None) -> dict:
         row: dict = {"step": step}
         for key, trl_key in METRIC_KEYS.items():
             row[key] = logs.get(trl_key)
+        row.update(scaler_state(optimizer))
         fresh = "reward" in logs
         row["generation_step"] = fresh
         if fresh:
@@ -119,6 +139,8 @@ class MetricsLogger(TrainerCallback):
                 if value is not None:
                     value = bool(value) if key == "dynamic_cap_hit" else int(value)
                 self.carry[key] = value
+            for key, log_key in {**GAP_KEYS, **VLLM_KEYS}.items():
+                self.carry[key] = logs.get(log_key)
         row.update(self.carry)
         row.update(dict.fromkeys(KL_KEYS))
         if (
@@ -135,7 +157,7 @@ class MetricsLogger(TrainerCallback):
         if "train_runtime" in logs or not state.is_world_process_zero:
             return
         step = state.global_step
-        row = self.row(logs, step, model)
+        row = self.row(logs, step, model, kwargs.get("optimizer"))
         fh = self._handle()
         fh.write(json.dumps(row, sort_keys=True) + "\n")
         fh.flush()

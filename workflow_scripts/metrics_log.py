@@ -1,7 +1,7 @@
 """metrics.jsonl of a training run: the one owner of its keys, its reader and its summaries.
 
-The writer, the TrainerCallback ``MetricsLogger``, lives in ``metrics_callback`` (torch, transformers)
-and is re-exported here lazily, so readers (aggregate) never import torch.
+The writer, the TrainerCallback ``MetricsLogger``, lives in ``metrics_callback`` (torch, transformers),
+which imports its keys from here; nothing here imports it, so readers (aggregate) never import torch.
 
 One line per optimizer step ``step`` (1..max_steps), every key on every line:
 
@@ -18,6 +18,16 @@ One line per optimizer step ``step`` (1..max_steps), every key on every line:
 - per step (``METRIC_KEYS``): ``clip_low``, ``clip_high``, ``clip_region`` (token fractions clipped
   below 1-epsilon with A<0, above 1+epsilon_high with A>0, either), ``entropy``, ``grad_norm``,
   ``learning_rate``, ``loss``, ``step_time_s`` (TRL's), ``epoch``; ``wall_time_s`` (cumulative).
+- the sampler-trainer gap (``GAP_KEYS``, ``sampler_gap``; rollout keys, measured at the first optimizer
+  step of each round, before any update on it): ``sampler_gap_mean`` / ``sampler_gap_max`` (mean and
+  max |log p_sampler - log p_trainer| over the loss's completion tokens; null without sampler log-probs),
+  ``sampler_gap_outside_clip`` (share of those tokens whose ratio is already outside [1 - epsilon,
+  1 + epsilon_high]), ``sampler_gap_clipped`` (share the loss clips there). With vLLM and its
+  importance-sampling correction on, TRL's own statistics (``VLLM_KEYS``): ``vllm_logp_diff_mean`` /
+  ``_max`` (vLLM vs the trainer's eval-mode recomputation), ``vllm_is_ratio_min`` / ``_mean`` / ``_max``.
+- ``SCALER_KEYS`` per step, when the optimizer has a loss scaler (fp16 autocast on CUDA: accelerate's
+  GradScaler): ``loss_scale`` (the scale after the step's update) and ``step_skipped`` (the scaler
+  found inf/NaN gradients and skipped the optimizer step; the scale drops); null without a scaler.
 - ``KL_KEYS`` every ``kl_every`` steps and at the last step: KL(pi_theta || pi_0) to the base model
   estimated by ``kl.estimate_kl`` (TRL logs none with beta 0); null on other lines. The measurement
   runs under ``torch.random.fork_rng`` in eval mode, so it never changes the training trajectory.
@@ -32,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from workflow_scripts.atomic import write_text
 
@@ -53,6 +62,19 @@ DYNAMIC_KEYS = {  # metrics.jsonl key -> log key written by grpo_trainer once pe
     "groups_zero_spread": "dynamic/groups_zero_spread",
     "dynamic_cap_hit": "dynamic/cap_hit",
 }
+GAP_KEYS = {  # metrics.jsonl key -> log key written by sampler_gap once per generation round
+    "sampler_gap_mean": "sampler_gap/mean",
+    "sampler_gap_max": "sampler_gap/max",
+    "sampler_gap_outside_clip": "sampler_gap/outside_clip",
+    "sampler_gap_clipped": "sampler_gap/clipped",
+}
+VLLM_KEYS = {  # metrics.jsonl key -> TRL log key, once per round with vLLM and its correction on
+    "vllm_logp_diff_mean": "sampling/sampling_logp_difference/mean",
+    "vllm_logp_diff_max": "sampling/sampling_logp_difference/max",
+    "vllm_is_ratio_min": "sampling/importance_sampling_ratio/min",
+    "vllm_is_ratio_mean": "sampling/importance_sampling_ratio/mean",
+    "vllm_is_ratio_max": "sampling/importance_sampling_ratio/max",
+}
 ROLLOUT_KEYS = (  # computed only when TRL generates: carried forward on the other steps
     "reward",
     "reward_std",
@@ -62,7 +84,10 @@ ROLLOUT_KEYS = (  # computed only when TRL generates: carried forward on the oth
     "completion_length",
     "truncation_rate",
     *DYNAMIC_KEYS,
+    *GAP_KEYS,
+    *VLLM_KEYS,
 )
+SCALER_KEYS = ("loss_scale", "step_skipped")  # per step, from the optimizer's GradScaler (fp16); else null
 KL_KEYS = ("kl_k1", "kl_k1_se", "kl_k3", "kl_k3_se")
 OVERLONG_NAME = "soft_overlong_punishment_reward"
 
@@ -128,16 +153,36 @@ def reward_summary(metrics: list[dict]) -> dict:
     }
 
 
+def gap_summary(metrics: list[dict]) -> dict:
+    """run.json's ``sampler_gap``: per-round gap statistics over the run (each round once)."""
+    fresh = [r for r in rollout_rows(metrics) if r.get("sampler_gap_outside_clip") is not None]
+    maxima = [r["sampler_gap_max"] for r in fresh if r.get("sampler_gap_max") is not None]
+    vllm = [r["vllm_logp_diff_max"] for r in fresh if r.get("vllm_logp_diff_max") is not None]
+    return {
+        "rounds_measured": len(fresh),
+        "mean": _mean([r.get("sampler_gap_mean") for r in fresh]),
+        "max": max(maxima) if maxima else None,
+        "outside_clip_mean": _mean([r.get("sampler_gap_outside_clip") for r in fresh]),
+        "clipped_mean": _mean([r.get("sampler_gap_clipped") for r in fresh]),
+        "vllm_logp_diff_mean": _mean([r.get("vllm_logp_diff_mean") for r in fresh]),
+        "vllm_logp_diff_max": max(vllm) if vllm else None,
+    }
+
+
+def scaler_summary(metrics: list[dict]) -> dict | None:
+    """run.json's ``loss_scale``: the fp16 loss-scale trajectory in brief (None without a scaler)."""
+    scales = [r["loss_scale"] for r in metrics if r.get("loss_scale") is not None]
+    if not scales:
+        return None
+    return {
+        "initial": scales[0],
+        "final": scales[-1],
+        "min": min(scales),
+        "skipped_steps": sum(1 for r in metrics if r.get("step_skipped")),
+    }
+
+
 def kl_prompt_sample(prompts: list[str], n: int) -> list[str]:
     """``n`` evenly spaced training prompts: the same for every run (independent of seed and precision)."""
     n = min(n, len(prompts))
     return [prompts[(i * len(prompts)) // n] for i in range(n)]
-
-
-def __getattr__(name: str) -> Any:
-    """``metrics_log.MetricsLogger``: imported on first use (it needs torch and transformers)."""
-    if name == "MetricsLogger":
-        from workflow_scripts.metrics_callback import MetricsLogger
-
-        return MetricsLogger
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

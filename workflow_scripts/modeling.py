@@ -8,6 +8,8 @@
   (transformers 5 would otherwise take the dtype saved in the config), safetensors only, and
   ``trust_remote_code`` off unless the config turns it on. A failure names what could not be read: the
   broken ``*.safetensors`` file of a truncated or corrupt folder, else the folder or hub id.
+- ``set_head_dtype`` / ``load_head_as_saved``: an LM head kept in another dtype than the body (the
+  precision field ``lm_head_dtype``), computing its logits in that dtype; read back exactly as saved.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from transformers import (
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
 )
+
+from workflow_scripts.dtypes import from_safetensors
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -105,6 +109,43 @@ def load_model(
         if bad is not None:
             raise ValueError(f"{bad[0]}: corrupt or truncated safetensors file ({bad[1]})") from err
         raise ValueError(f"{source}: cannot load the model ({type(err).__name__}: {err})") from err
+    return model
+
+
+def set_head_dtype(model, dtype: str | torch.dtype):
+    """The LM head in ``dtype`` (weights cast) with its input cast to it, so the logits are computed in
+    ``dtype`` (TRL's cast_lm_head_to_fp32 does the same in training). Needs an untied head."""
+    dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
+    head = model.get_output_embeddings()
+    if getattr(model.config, "tie_word_embeddings", False):
+        raise ValueError(f"an LM head in {dtype} needs an untied head (tie_word_embeddings is true)")
+    head.to(dtype)
+    if not getattr(head, "_casts_input", False):
+        head.register_forward_pre_hook(lambda module, args: (args[0].to(module.weight.dtype), *args[1:]))
+        head._casts_input = True
+    return model
+
+
+def load_head_as_saved(model, source: str | os.PathLike):
+    """Give ``model`` its LM head exactly as saved in the local folder ``source`` when the folder stores
+    the head in another dtype than the rest (an arm with ``lm_head_dtype``): its saved values, not a
+    round trip through the body's dtype."""
+    from safetensors import safe_open
+
+    head = model.get_output_embeddings()
+    names = {name for name, p in model.named_parameters() if any(p is q for q in head.parameters())}
+    for path in sorted(Path(source).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            for name in names & set(fh.keys()):
+                if (
+                    DTYPES.get(from_safetensors(fh.get_slice(name).get_dtype()))
+                    == model.get_parameter(name).dtype
+                ):
+                    continue  # saved like the body: loaded exactly already (headers only, no read)
+                saved = fh.get_tensor(name)
+                set_head_dtype(model, saved.dtype)
+                with torch.no_grad():
+                    model.get_parameter(name).copy_(saved)
     return model
 
 

@@ -11,10 +11,13 @@ Run names (folders under results/eval/):
 | ``base`` | the base model in ``model.dtype`` | ``results/models/base`` |
 | ``base-<dtype>`` | the base loaded in an arm's ``param_dtype`` != model.dtype | ``results/models/base`` |
 | ``<precision>-s<seed>`` | a trained run | ``results/train/<precision>/seed<seed>/model`` |
+| ``<precision>-s<seed>-r<k>`` | repeat k >= 2 of it (config ``repeats``) | ``.../seed<seed>-r<k>/model`` |
 
 A trained run is compared (dJ, KL) with the base run of its arm's param dtype (``reference_run``), so a
-difference measures training, not the cast. Config validation refuses task and precision names that
-would collide with these names (``config.name_collisions``).
+difference measures training, not the cast. A repeat (the numerical noise floor, ``noise_floor``) is the
+same (precision, seed) trained again: its evaluation draws the eval streams of the run it repeats
+(``stream_run``), so two repeats differ only where their numerics do. Config validation refuses task
+and precision names that would collide with these names (``config.name_collisions``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 
 RESULTS = "results"
 BASE = "base"
-_TRAINED_RE = re.compile(r"^(?P<precision>.+)-s(?P<seed>\d+)$")
+_TRAINED_RE = re.compile(r"^(?P<precision>.+)-s(?P<seed>\d+)(?:-r(?P<repeat>\d+))?$")
 DTYPES = ("float32", "bfloat16", "float16")  # the schema's dtype enum
 _BASE_RE = re.compile(rf"^{BASE}(?:-(?P<dtype>{'|'.join(DTYPES)}))?$")
 
@@ -35,9 +38,14 @@ _BASE_RE = re.compile(rf"^{BASE}(?:-(?P<dtype>{'|'.join(DTYPES)}))?$")
 # ------------------------------------------------------------------------------------------ run names
 
 
-def run_name(precision: str, seed: int | str) -> str:
-    """The run name of a trained model: ``run_name("bf16", 3) == "bf16-s3"``."""
-    return f"{precision}-s{seed}"
+def _repeat_suffix(repeat: int | str) -> str:
+    """No suffix for the first run of a (precision, seed), ``-r<k>`` for repeat k (or "{repeat}")."""
+    return "" if str(repeat) == "1" else f"-r{repeat}"
+
+
+def run_name(precision: str, seed: int | str, repeat: int | str = 1) -> str:
+    """The run name of a trained model: ``run_name("bf16", 3) == "bf16-s3"``, repeat 2: ``"bf16-s3-r2"``."""
+    return f"{precision}-s{seed}{_repeat_suffix(repeat)}"
 
 
 def base_run(dtype: str | None = None, model_dtype: str | None = None) -> str:
@@ -53,6 +61,7 @@ class Run:
     precision: str | None = None
     seed: int | None = None
     dtype: str | None = None
+    repeat: int | None = None  # trained runs: 1 for the first run of (precision, seed), k >= 2 for repeats
 
     @property
     def is_base(self) -> bool:
@@ -66,9 +75,19 @@ def parse_run(run: str) -> Run:
     if base:
         return Run(run, dtype=base["dtype"])
     trained = _TRAINED_RE.match(run)
-    if not trained:
-        raise ValueError(f"not a run name: {run!r} (expected base, base-<dtype> or <precision>-s<seed>)")
-    return Run(run, precision=trained["precision"], seed=int(trained["seed"]))
+    repeat = int(trained["repeat"]) if trained and trained["repeat"] is not None else 1
+    if not trained or (repeat < 2 and trained["repeat"] is not None):
+        raise ValueError(
+            f"not a run name: {run!r} (expected base, base-<dtype>, <precision>-s<seed> or "
+            "<precision>-s<seed>-r<k> with k >= 2)"
+        )
+    return Run(run, precision=trained["precision"], seed=int(trained["seed"]), repeat=repeat)
+
+
+def stream_run(run: str) -> str:
+    """The run whose evaluation random streams ``run`` uses: a repeat uses those of the run it repeats."""
+    parsed = parse_run(run)
+    return run if parsed.is_base else run_name(parsed.precision, parsed.seed)
 
 
 def base_dtypes(config: Mapping) -> list[str]:
@@ -108,9 +127,22 @@ def trained_runs(config: Mapping) -> list[str]:
     return [run_name(p, s) for p in config["precisions"] for s in config["seeds"]]
 
 
+def repeats(config: Mapping) -> list[tuple[str, int, int]]:
+    """(precision, seed, repeat k >= 2) of every repeat run of config ``repeats`` (``copies`` each)."""
+    return [
+        (entry["precision"], int(entry["seed"]), k)
+        for entry in config.get("repeats") or []
+        for k in range(2, int(entry.get("copies", 1)) + 2)
+    ]
+
+
+def repeat_runs(config: Mapping) -> list[str]:
+    return [run_name(p, s, k) for p, s, k in repeats(config)]
+
+
 def run_names(config: Mapping) -> list[str]:
-    """Every run the config evaluates: the base runs, then one per (precision, seed)."""
-    return base_runs(config) + trained_runs(config)
+    """Every run the config evaluates: the base runs, one per (precision, seed), then the repeats."""
+    return base_runs(config) + trained_runs(config) + repeat_runs(config)
 
 
 eval_runs = run_names
@@ -140,14 +172,18 @@ def base_record(results: str | os.PathLike = RESULTS) -> Path:
     return _r(results) / "models" / f"{BASE}.json"
 
 
-def train_dir(precision: str, seed: int | str, results: str | os.PathLike = RESULTS) -> Path:
-    """run.json, metrics.jsonl and model/ of one trained run."""
-    return _r(results) / "train" / precision / f"seed{seed}"
+def train_dir(
+    precision: str, seed: int | str, results: str | os.PathLike = RESULTS, *, repeat: int | str = 1
+) -> Path:
+    """run.json, metrics.jsonl and model/ of one trained run (``seed<seed>-r<k>`` for repeat k)."""
+    return _r(results) / "train" / precision / f"seed{seed}{_repeat_suffix(repeat)}"
 
 
-def checkpoint_dir(precision: str, seed: int | str, results: str | os.PathLike = RESULTS) -> Path:
+def checkpoint_dir(
+    precision: str, seed: int | str, results: str | os.PathLike = RESULTS, *, repeat: int | str = 1
+) -> Path:
     """Outside the train outputs: Snakemake deletes outputs of a failed job, checkpoints must survive."""
-    return _r(results) / "checkpoints" / precision / f"seed{seed}"
+    return _r(results) / "checkpoints" / precision / f"seed{seed}{_repeat_suffix(repeat)}"
 
 
 def model_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:
@@ -155,7 +191,7 @@ def model_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:
     parsed = parse_run(run)
     if parsed.is_base:
         return base_model_dir(results)
-    return train_dir(parsed.precision, parsed.seed, results) / "model"
+    return train_dir(parsed.precision, parsed.seed, results, repeat=parsed.repeat) / "model"
 
 
 def eval_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:

@@ -27,6 +27,8 @@ is a new config entry, never a code change.
 |               | come from the run's seed either way. transformers' full_determinism is  |                  |
 |               | NOT used: it also sets CUDA_LAUNCH_BLOCKING=1, which serialises every   |                  |
 |               | kernel launch on a GPU; the rest of what it does is done here.          |                  |
+|               | torch's NaN fill of uninitialized memory stays off (35% of an fp32 CPU  |                  |
+|               | step; no result of a kernel that writes its output depends on it).      |                  |
 | dropout       | every ``*dropout*`` key of the model config (Llama: attention_dropout;  | load_policy      |
 |               | other architectures: hidden/embedding/residual dropouts) set to this    |                  |
 |               | value; TRL's disable_dropout stays off so the config value is what runs.|                  |
@@ -44,6 +46,25 @@ is a new config entry, never a code change.
 |               | would gather bf16 copies and reduce gradients in bf16: another arm).    |                  |
 | (always)      | TF32 off (allow_tf32=False for matmul and cuDNN, float32 matmul         | apply_           |
 |               | precision "highest"): a float32 arm computes in IEEE fp32 on Ampere+.   | determinism      |
+| bf16_matmul   | auto / native / emulated: how the bf16 matrix products of an arm that   | matmul_path,     |
+|               | computes in bf16 run (``bf16_matmul``: bf16 operands -> fp32 GEMM ->    | bf16_matmul.     |
+|               | bf16 result, the native kernels' contract at fp32 speed). auto =        |  bf16_matmul     |
+|               | emulated where torch reports a CPU without bf16 GEMM kernels.           |                  |
+| rounding      | nearest (TRL's AdamW) / stochastic: AdamW's update in fp32, written to  | optimizers       |
+|               | the bf16 masters by stochastic rounding (bfloat16 masters only).        |                  |
+| update_noise  | null or X: Gaussian noise of std X times the bf16 spacing of each       | optimizers       |
+|               | weight added after every optimizer step (a positive-control arm).       |                  |
+| control       | null / negative / positive: a label the analysis reads; changes nothing.| (analysis)       |
+| seed_offset   | the arm trains seed s with s + seed_offset (a negative-control twin's   | train_seed       |
+|               | own seeds; its runs keep their names).                                  |                  |
+| lm_head_dtype | null (= param_dtype) or float32: the LM head's weights (and so its      | load_policy,     |
+|               | gradients and AdamW states) in fp32, its logits computed in fp32        | trainer_         |
+|               | outside autocast (TRL's cast_lm_head_to_fp32, ScaleRL).                 |  precision_args  |
+| (contract)    | every dtype the arm implies, checked at the first optimizer step (params| ContractCheck    |
+|               | and gradients before it, AdamW states after it), LM head, autocast and  |                  |
+|               | rollout dtype observed, FSDP reduce dtype, vLLM engine and KV cache:    |                  |
+|               | any difference is an error naming the arm and the field; run.json keeps |                  |
+|               | expected and observed.                                                  |                  |
 
 On CPU the kernels used here are deterministic anyway (same (mode, seed) => bit-identical weights,
 tested for the fp32 arm); the flag matters on GPUs, where it needs checking there.
@@ -59,9 +80,10 @@ from pathlib import Path
 
 import torch
 
+from workflow_scripts import bf16_matmul
 from workflow_scripts.config import check_precision
 from workflow_scripts.dtypes import dtype_name, from_safetensors, torch_dtype
-from workflow_scripts.modeling import dropout_keys, load_model
+from workflow_scripts.modeling import dropout_keys, load_model, set_head_dtype
 
 
 class PrecisionError(RuntimeError):
@@ -75,20 +97,34 @@ class PrecisionMode:
     autocast: str | None = None
     deterministic: bool = False
     dropout: float = 0.0
+    bf16_matmul: str = "auto"
+    rounding: str = "nearest"
+    update_noise: float | None = None
+    control: str | None = None
+    lm_head_dtype: str | None = None
+    seed_offset: int = 0
 
     @classmethod
     def from_config(cls, name: str, entry: Mapping) -> PrecisionMode:
+        noise = entry.get("update_noise")
         mode = cls(
             name=name,
             param_dtype=entry["param_dtype"],
             autocast=entry.get("autocast"),
             deterministic=bool(entry.get("deterministic", False)),
             dropout=float(entry.get("dropout", 0.0)),
+            bf16_matmul=entry.get("bf16_matmul", "auto"),
+            rounding=entry.get("rounding", "nearest"),
+            update_noise=None if noise is None else float(noise),
+            control=entry.get("control"),
+            lm_head_dtype=entry.get("lm_head_dtype"),
+            seed_offset=int(entry.get("seed_offset", 0)),
         )
-        check_precision(name, entry)  # the config's autocast rules (config.py), ConfigError
+        check_precision(name, entry)  # the config's rules between an arm's keys (config.py), ConfigError
         torch_dtype(mode.param_dtype)
-        if mode.autocast is not None:
-            torch_dtype(mode.autocast)
+        for name_ in (mode.autocast, mode.lm_head_dtype):
+            if name_ is not None:
+                torch_dtype(name_)
         return mode
 
     @property
@@ -98,6 +134,16 @@ class PrecisionMode:
     @property
     def torch_autocast_dtype(self) -> torch.dtype | None:
         return torch_dtype(self.autocast) if self.autocast else None
+
+    @property
+    def head_dtype(self) -> str:
+        """The LM head's storage dtype (``lm_head_dtype``, else ``param_dtype``)."""
+        return self.lm_head_dtype or self.param_dtype
+
+    @property
+    def computes_bf16(self) -> bool:
+        """Whether the arm's matrix products run in bf16 (bf16 masters, or bf16 autocast)."""
+        return "bfloat16" in (self.param_dtype, self.autocast)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -137,7 +183,19 @@ def trainer_precision_args(mode: PrecisionMode) -> dict:
         "disable_dropout": False,
         # see the module docstring: apply_determinism does it without CUDA_LAUNCH_BLOCKING
         "full_determinism": False,
+        # TRL's fp32 LM head (its forward casts the hidden states and runs outside autocast)
+        "cast_lm_head_to_fp32": mode.lm_head_dtype == "float32",
     }
+
+
+def train_seed(mode: PrecisionMode, seed: int) -> int:
+    """The seed the arm's run ``seed`` trains with (prompt order, sampling, rounding and noise streams)."""
+    return int(seed) + mode.seed_offset
+
+
+def matmul_path(mode: PrecisionMode, device_type: str) -> str:
+    """The path the arm's bf16 products take here ("native" or "emulated"; "native" when it has none)."""
+    return bf16_matmul.resolve(mode.bf16_matmul, device_type) if mode.computes_bf16 else "native"
 
 
 def fsdp_mixed_precision(mode: PrecisionMode):
@@ -166,6 +224,10 @@ def apply_determinism(mode: PrecisionMode) -> dict:
     else:
         os.environ.pop("FLASH_ATTENTION_DETERMINISTIC", None)
     torch.use_deterministic_algorithms(mode.deterministic)
+    # deterministic mode also NaN-fills every torch.empty (to expose kernels that read memory they
+    # never wrote); that fill was 35% of an fp32 CPU training step (TRL's fused log-prob head allocates
+    # per tile) and changes no result of a kernel that writes its output, so it stays off
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.deterministic = mode.deterministic
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -176,13 +238,36 @@ def apply_determinism(mode: PrecisionMode) -> dict:
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "tf32": False,
+        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
     }
 
 
 def load_policy(model_dir: str | os.PathLike, mode: PrecisionMode, trust_remote_code: bool = False):
     """The policy in ``param_dtype`` with the mode's dropout on every dropout key (the caller checks the
-    dtypes once with ``check_param_dtypes`` and records them)."""
-    return load_model(model_dir, mode.param_dtype, trust_remote_code=trust_remote_code, dropout=mode.dropout)
+    dtypes once with ``check_param_dtypes`` and records them). With ``lm_head_dtype`` the head is cast
+    after loading, as TRL's cast_lm_head_to_fp32 does: its values start as the base's in param_dtype, so
+    the arm starts exactly from base-<param_dtype>."""
+    model = load_model(model_dir, mode.param_dtype, trust_remote_code=trust_remote_code, dropout=mode.dropout)
+    if mode.head_dtype != mode.param_dtype:
+        try:
+            set_head_dtype(model, mode.head_dtype)
+        except ValueError as err:
+            raise PrecisionError(f"precision {mode.name!r}: lm_head_dtype: {err}") from err
+    return model
+
+
+def head_param_names(model) -> set[str]:
+    """Names of the LM head's parameters (as in named_parameters and in the saved state dict)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        return set()
+    ids = {id(p) for p in head.parameters()}
+    return {name for name, p in model.named_parameters() if id(p) in ids}
+
+
+def expected_dtype(mode: PrecisionMode, name: str, head_names: set[str]) -> str:
+    """The dtype the arm stores tensor ``name`` in: the head's (``head_dtype``) or ``param_dtype``."""
+    return mode.head_dtype if name in head_names else mode.param_dtype
 
 
 def trainable_dtypes(model) -> dict[str, str]:
@@ -190,16 +275,20 @@ def trainable_dtypes(model) -> dict[str, str]:
 
 
 def check_param_dtypes(model, mode: PrecisionMode) -> dict[str, str]:
-    """Every trainable tensor must be ``param_dtype``; raise (listing the offenders) otherwise."""
+    """Every trainable tensor must be ``param_dtype`` (the LM head's: ``head_dtype``); raise (listing the
+    offenders) otherwise."""
     dtypes = trainable_dtypes(model)
     if not dtypes:
         raise PrecisionError("the model has no trainable parameters")
-    wrong = {n: d for n, d in dtypes.items() if d != mode.param_dtype}
+    heads = head_param_names(model)
+    wrong = {n: d for n, d in dtypes.items() if d != expected_dtype(mode, n, heads)}
     if wrong:
         shown = ", ".join(f"{n}={d}" for n, d in list(wrong.items())[:8])
+        want = mode.param_dtype
+        if mode.head_dtype != mode.param_dtype:
+            want += f" (LM head {mode.head_dtype})"
         raise PrecisionError(
-            f"precision {mode.name!r}: {len(wrong)}/{len(dtypes)} trainable tensors are not "
-            f"{mode.param_dtype}: {shown}"
+            f"precision {mode.name!r}: {len(wrong)}/{len(dtypes)} trainable tensors are not {want}: {shown}"
         )
     return dtypes
 
@@ -224,10 +313,13 @@ def saved_dtypes(model_dir: str | os.PathLike) -> dict[str, str]:
     return out
 
 
-def check_saved_dtypes(model_dir: str | os.PathLike, mode: PrecisionMode) -> dict[str, str]:
-    """Every tensor written to ``model_dir`` must be ``param_dtype`` (read from the safetensors headers)."""
+def check_saved_dtypes(
+    model_dir: str | os.PathLike, mode: PrecisionMode, head_names: set[str] = frozenset()
+) -> dict[str, str]:
+    """Every tensor written to ``model_dir`` must be ``param_dtype`` (the LM head's tensors ``head_names``:
+    ``head_dtype``), read from the safetensors headers."""
     written = saved_dtypes(model_dir)
-    wrong = {n: d for n, d in written.items() if d != mode.param_dtype}
+    wrong = {n: d for n, d in written.items() if d != expected_dtype(mode, n, set(head_names))}
     if wrong:
         raise PrecisionError(
             f"{model_dir}: saved tensors not in {mode.param_dtype}: {sorted(wrong.items())[:8]}"
@@ -252,18 +344,20 @@ def autocast_context(mode: PrecisionMode, device_type: str):
 
 
 class AutocastProbe:
-    """Records, from inside the first gradient-enabled forward of ``model``, whether autocast is on.
+    """Records, from inside the first gradient-enabled forward of ``model``, whether autocast is on (and,
+    in ``sampling``, the same from the first no-grad forward: the dtype rollouts compute in).
 
     A forward hook on the last linear layer of the network body (not ``lm_head``: TRL computes the
     log-probs with a fused head that never calls that module), i.e. inside whatever autocast context
     wraps the model's forward (accelerate patches ``model.forward`` itself, so a hook on the top module
     would run after that context has exited). It reads ``torch.is_autocast_enabled(device)``, the
     autocast dtype and the dtype that layer actually computed in: what really happened, not what the
-    config asked for. The hook removes itself after firing once, so it costs nothing afterwards.
+    config asked for. The hook removes itself once both are seen, so it costs nothing afterwards.
     """
 
     def __init__(self, model) -> None:
         self.record: dict | None = None
+        self.sampling: dict | None = None  # the same, from the first no-grad forward (a rollout)
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         linears = [
             (n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head
@@ -274,18 +368,24 @@ class AutocastProbe:
         self._handle = layer.register_forward_hook(self._hook)
 
     def _hook(self, module, args, output) -> None:
-        if not torch.is_grad_enabled() or self.record is not None:
+        training = torch.is_grad_enabled()
+        if (self.record if training else self.sampling) is not None:
             return
         device_type = output.device.type
         enabled = torch.is_autocast_enabled(device_type)
-        self.record = {
+        seen = {
             "enabled": enabled,
             "dtype": dtype_name(torch.get_autocast_dtype(device_type)) if enabled else None,
             "layer": self.layer_name,
             "layer_output_dtype": dtype_name(output.dtype),
             "device": device_type,
         }
-        self._handle.remove()
+        if training:
+            self.record = seen
+        else:
+            self.sampling = seen
+        if self.record is not None and self.sampling is not None:
+            self._handle.remove()
 
     def close(self) -> None:
         self._handle.remove()

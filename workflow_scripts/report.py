@@ -2,8 +2,10 @@
 
 Order: the design in one paragraph; the training-worked gate (passed or not, with its numbers, and what
 it means for the verdicts); the verdict table (each verdict with the numbers it rests on and its power
-or minimal detectable ratio, MDE); one paragraph per hypothesis; excluded (diverged) runs and how the
-verdicts treat them; the seed-variance components; key numbers (classical tests); training,
+or minimal detectable ratio, MDE) and a warning where a verdict rests on an eval-noise share above 1/2;
+one paragraph per hypothesis; the controls (when the config has control arms: did each come out as it
+must); excluded (diverged) runs and how the verdicts treat them; the seed-variance components (whole,
+shared, seed x task) and the eval-noise shares; key numbers (classical tests); training,
 representable-update fraction and sparsity per precision; cross-seed overlap of the update masks; the
 figures (``figure_list``: name and the first sentence of its caption); warnings.
 
@@ -33,29 +35,28 @@ from workflow_scripts.report_tables import (
     data_warnings,
     fmt,
     get,
+    noise_share_section,
     numbers_section,
     overlap_section,
     ratio_with_ci,
+    sampler_gap_section,
     table,
     training_section,
 )
 from workflow_scripts.rows import read_json, read_parquet
 from workflow_scripts.smk import main_from, parse_pairs
 
-HYPOTHESES = {
-    "H1": (
-        "on-task performance is insensitive to precision (mean and seed variance of dJ equivalent)",
-        "on_task",
-        "dJ",
-    ),
-    "H2": ("off-task performance is sensitive: the seed variance of dJ is larger", "off_task", "dJ"),
-    "H3": (
-        "off-task KL to the base policy drifts more: the seed variance of KL k3 is larger (on-task KL "
-        "stays leashed)",
-        "off_task",
-        "kl",
-    ),
+HYPOTHESES = {  # the role and quantity each one tests come from stats.json (verdicts[H].scope)
+    "H1": "on-task performance is insensitive to precision (mean and seed variance of dJ equivalent)",
+    "H2": "off-task performance is sensitive: the seed variance of dJ is larger",
+    "H3": "off-task KL to the base policy drifts more: the seed variance of KL k3 is larger (on-task KL "
+    "stays leashed)",
 }
+RATIO_NOTE = (
+    "Ratio = whole seed variance arm / reference of the mixed model (each task's variance across seeds "
+    "that training causes: the seed effect shared by the role's tasks plus the seed x task effect, the "
+    "known eval noise held out; dJ for H1/H2, KL k3 for H3) with its 95% profile interval"
+)
 
 
 def gate_section(stats: Mapping) -> str:
@@ -106,32 +107,61 @@ def _power(comp: Mapping, h: str) -> tuple[str, str]:
     )
 
 
+def _scope(stats: Mapping, h: str) -> tuple[str | None, str | None]:
+    scope = get(stats, "verdicts", h, "scope") or {}
+    return scope.get("role"), scope.get("quantity")
+
+
+def noise_warnings(stats: Mapping) -> list[str]:
+    """One line per hypothesis whose compared arms have an eval-noise share above the stated limit."""
+    ns = stats.get("noise_share") or {}
+    out = []
+    for h, shares in (ns.get("at_risk") or {}).items():
+        role, q = _scope(stats, h)
+        verdict = get(stats, "verdicts", h, "verdict") or "n/a"
+        arms = ", ".join(f"{a} {fmt(v, 2)}" for a, v in shares.items())
+        out.append(
+            f"**Warning: {h} ({verdict}) rests on an eval-noise share above {fmt(ns.get('warn_above'))}** "
+            f"({role} {'KL k3' if q == 'kl' else q}: {arms}): most of the across-seed spread it compares is "
+            "measurement noise; more problems or samples per task would shrink it."
+        )
+    return out
+
+
 def verdict_section(stats: Mapping) -> str:
     arms = stats.get("precisions") or []
-    ref, others = (arms[0], arms[1:]) if arms else ("n/a", [])
+    controls = stats.get("controls") or {}
+    ref, others = (arms[0], [a for a in arms[1:] if a not in controls]) if arms else ("n/a", [])
     verdicts = stats.get("verdicts") or {}
     model = stats.get("mixed_model") or {}
     rows = []
-    for h, (_, role, q) in HYPOTHESES.items():
+    for h in HYPOTHESES:
+        role, q = _scope(stats, h)
         for arm in others or ["n/a"]:
             comp = get(model, role, q, "comparisons", arm) or {}
             v = get(verdicts, h, "by_arm", arm, "verdict") or get(verdicts, h, "verdict") or "n/a"
             ratio = ratio_with_ci(comp) if comp.get("status") == "ok" else "n/a"
             pw, need = _power(comp, h)
-            rows.append([h, f"{arm} vs {ref}", f"**{v}**", ratio, fmt(comp.get("p")), pw, need])
+            label = (
+                f"{arm} vs {ref}"
+                if others
+                else "no precision arm" + (" (controls below)" if controls else "")
+            )
+            rows.append([h, label, f"**{v}**", ratio, fmt(comp.get("p")), pw, need])
     out = [
         "## Verdicts",
         "",
-        "Ratio = seed-variance component arm / reference of the mixed model (dJ for H1/H2, KL k3 for H3) "
-        "with its 95% profile interval; p = one-sided test of equal seed variances (parametric bootstrap); "
-        "MDE = smallest ratio detected with the target power at these seeds.",
+        f"{RATIO_NOTE}; p = one-sided test of equal whole seed variances (parametric bootstrap); MDE = "
+        "smallest ratio detected with the target power at these seeds (simulated for this statistic).",
         "",
         table(
             ["", "comparison", "verdict", "ratio [95% CI]", "p", "power / MDE", "seeds per arm needed"], rows
         ),
         "",
     ]
-    for h, (text, _, _) in HYPOTHESES.items():
+    for line in noise_warnings(stats):
+        out += [line, ""]
+    for h, text in HYPOTHESES.items():
         v = verdicts.get(h) or {}
         out += [
             f"### {h}: {v.get('verdict', 'n/a')}",
@@ -146,6 +176,39 @@ def verdict_section(stats: Mapping) -> str:
             out.append(f"- Rule: {v['rule']} (r0 = {fmt(get(stats, 'config', 'variance_ratio_margin'))}).")
         out.append("")
     return "\n".join(out)
+
+
+def controls_section(stats: Mapping) -> str:
+    """Whether each control arm came out as it must (only when the config has control arms)."""
+    controls = stats.get("controls") or {}
+    if not controls:
+        return ""
+    ref = stats.get("reference") or "the reference"
+    rows, reasons = [], []
+    for arm, c in controls.items():
+        passed = c.get("passed")
+        status = "**as it must**" if passed else "**NOT as it must**" if passed is False else "not judged"
+        rows.append([arm, str(c.get("kind")), str(c.get("expected")), c.get("outcome") or "n/a", status])
+        reasons.append(
+            f"- {arm}: {c.get('reason')}" + (f"; KL: {c['kl_outcome']}" if c.get("kl_outcome") else "")
+        )
+    gate = "passed" if get(stats, "gate", "passed") else "did not pass"
+    return "\n".join(
+        [
+            "## Controls",
+            "",
+            f"Arms that check the instrument, each against {ref}, judged by the H2 rule on the off-task dJ "
+            f"(whole seed-variance ratio) without the gate (it {gate}): a negative control (the reference "
+            "under another name, its own seeds) must not be called different (not 'supported'); a positive "
+            "control (the reference with added update noise) must be detected ('supported'). Controls are "
+            "left out of the H1-H3 verdicts; the KL outcome is shown, not judged.",
+            "",
+            table(["control arm", "kind", "must be", "outcome", "result"], rows),
+            "",
+            *reasons,
+            "",
+        ]
+    )
 
 
 def excluded_section(stats: Mapping, metrics: pd.DataFrame) -> str:
@@ -218,10 +281,13 @@ def render(
         "\n".join(head),
         gate_section(stats),
         verdict_section(stats),
+        controls_section(stats),
         excluded_section(stats, metrics),
         components_section(stats),
+        noise_share_section(stats),
         numbers_section(stats, metrics),
         training_section(metrics, arms),
+        sampler_gap_section(metrics, arms),
         overlap_section(overlap if overlap is not None else pd.DataFrame(), arms),
         figures_section(figures, report_path),
         provenance_section(dict(numerics or {})),
@@ -247,11 +313,17 @@ def run(
     base.json and run.json files whose numerics provenance the report lists."""
     content: Any = read_json(stats)
     ov = read_parquet(overlap) if overlap else None
-    numerics = {}
-    for path in records:
-        record = read_json(path)
-        name = paths.run_name(record["precision"], record["seed"]) if "seed" in record else "base"
-        numerics[name] = record.get("numerics")
+    numerics: dict[str, Any] = {}
+    for path in records:  # provenance only: an unreadable record is listed as such, not a failed report
+        try:
+            record = read_json(path)
+        except (OSError, ValueError) as err:
+            print(f"report: numerics provenance not readable: {err}", file=sys.stderr)
+            numerics[str(path)] = None
+            continue
+        seeded = isinstance(record, dict) and "seed" in record and "precision" in record
+        name = paths.run_name(record["precision"], record["seed"]) if seeded else "base"
+        numerics[name] = record.get("numerics") if isinstance(record, dict) else None
     text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics)
     write_text(out, text)
     print(f"report: {len(text.splitlines())} lines -> {out}", file=sys.stderr)

@@ -69,8 +69,19 @@ def _p(block: Mapping | None) -> str:
     return fmt(block.get("p")) if isinstance(block, Mapping) and block.get("status") == "ok" else "n/a"
 
 
+def _with_ci(fit: Mapping, key: str) -> str:
+    return "n/a (one task)" if fit.get(key) is None else f"{fmt(fit[key])} {ci(fit.get(key + '_ci'))}"
+
+
+def _part_ratio(comp: Mapping, part: str) -> str:
+    block = get(comp, "parts", part) or {}
+    if block.get("status") != "ok":
+        return "n/a"
+    return f"{fmt(block.get('ratio'))} {ci(block.get('ratio_ci'))}"
+
+
 def components_section(stats: Mapping) -> str:
-    """Seed variance per arm and role (mixed model) with CIs, and the ratios with their tests."""
+    """Whole seed variance per arm and role (mixed model) and its two parts with CIs, and the ratios."""
     model = stats.get("mixed_model") or {}
     if not model:
         return ""
@@ -80,15 +91,16 @@ def components_section(stats: Mapping) -> str:
             name = "dJ" if q == "dJ" else "KL k3"
             for arm, fit in (block.get("arms") or {}).items():
                 if fit.get("status") != "ok":
-                    rows.append([role, name, arm, f"failed: {fit.get('reason')}", "", "", "", ""])
+                    rows.append([role, name, arm, f"failed: {fit.get('reason')}", "", "", "", "", ""])
                     continue
                 rows.append(
                     [
                         role,
                         name,
                         arm,
-                        f"{fmt(fit['seed_var'])} {ci(fit['seed_var_ci'])}",
-                        fmt(fit.get("task_var")),
+                        _with_ci(fit, "whole_var"),
+                        _with_ci(fit, "shared_var"),
+                        _with_ci(fit, "task_var"),
                         fmt(fit.get("noise_var_mean")),
                         str(fit.get("n_seeds")),
                         str(fit.get("n_tasks")),
@@ -96,7 +108,7 @@ def components_section(stats: Mapping) -> str:
                 )
             for arm, comp in (block.get("comparisons") or {}).items():
                 if comp.get("status") != "ok":
-                    ratios.append([role, name, arm, f"failed: {comp.get('reason')}", "", "", ""])
+                    ratios.append([role, name, arm, f"failed: {comp.get('reason')}", "", "", "", "", ""])
                     continue
                 power = comp.get("power") or {}
                 mde = fmt(power.get("mde_ratio")) if power.get("status") == "ok" else "n/a"
@@ -107,6 +119,8 @@ def components_section(stats: Mapping) -> str:
                         arm,
                         ratio_with_ci(comp),
                         ci(comp["ratio_ci_equivalence"]),
+                        _part_ratio(comp, "shared"),
+                        _part_ratio(comp, "task"),
                         f"{fmt(comp['p'])} ({comp['p_source']})",
                         mde,
                     ]
@@ -115,17 +129,20 @@ def components_section(stats: Mapping) -> str:
         [
             "## Seed-variance components (mixed model)",
             "",
-            "Per precision and task role: the variance of a seed's shift shared by the role's tasks, "
-            "with the known eval-sampling noise of every task held fixed in the model (not estimated). 95% "
-            "profile-likelihood intervals; ∞ = unbounded.",
+            "Per precision and task role: the whole seed variance of a task (its variance across seeds that "
+            "training causes; what the verdicts compare) and its two parts, the seed effect shared by the "
+            "role's tasks and the seed x task effect, with the known eval-sampling noise of every task held "
+            "fixed in the model (not estimated). 95% profile-likelihood intervals; ∞ = unbounded; with one "
+            "task the parts cannot be told apart.",
             "",
             table(
                 [
                     "role",
                     "quantity",
                     "arm",
-                    "seed variance [95% CI]",
-                    "seed x task variance",
+                    "whole seed variance [95% CI]",
+                    "shared [95% CI]",
+                    "seed x task [95% CI]",
                     "eval noise (mean)",
                     "seeds",
                     "tasks",
@@ -138,12 +155,56 @@ def components_section(stats: Mapping) -> str:
                     "role",
                     "quantity",
                     "arm",
-                    "ratio arm / ref. [95% CI]",
+                    "whole ratio arm / ref. [95% CI]",
                     "90% CI (H1 equivalence)",
-                    "p (one-sided)",
+                    "shared ratio [95% CI]",
+                    "seed x task ratio [95% CI]",
+                    "p (one-sided, whole)",
                     "MDE at target power",
                 ],
                 ratios,
+            ),
+            "",
+        ]
+    )
+
+
+def noise_share_section(stats: Mapping) -> str:
+    """Eval-noise share of the across-seed variance per role, quantity and arm (stats.json noise_share)."""
+    ns = stats.get("noise_share") or {}
+    rows = [
+        [
+            role,
+            "dJ" if q == "dJ" else "KL k3",
+            arm,
+            fmt(b.get("share"), 2),
+            fmt(b.get("noise_var")),
+            fmt(b.get("observed_var")),
+        ]
+        for role, per_q in (ns.get("by_role") or {}).items()
+        for q, per_arm in per_q.items()
+        for arm, b in per_arm.items()
+    ]
+    if not rows:
+        return ""
+    return "\n".join(
+        [
+            "## Eval-noise share of the across-seed variance",
+            "",
+            "Mean eval-noise variance of one run x task / the per-task variance across seeds pooled over the "
+            f"role's tasks (the observed spread the statistic works on). Above {fmt(ns.get('warn_above'))} "
+            "most of the spread is measurement noise: the verdicts above that rest on it say so.",
+            "",
+            table(
+                [
+                    "role",
+                    "quantity",
+                    "arm",
+                    "noise share",
+                    "eval noise (mean)",
+                    "observed across-seed variance",
+                ],
+                rows,
             ),
             "",
         ]
@@ -173,8 +234,8 @@ def _scope_rows(scope: Mapping, label: str, metrics: pd.DataFrame, tasks: Sequen
                 str(block.get("n_seeds", 0)),
                 fmt(sel["J"].mean()) if len(sel) else "n/a",
                 f"{fmt(dj.get('mean'))} ± {fmt(dj.get('se'), 2)}",
-                fmt(dj.get("var")),
-                fmt(dj.get("var_corrected")),
+                fmt(dj.get("pooled_var")),
+                fmt(dj.get("pooled_var_corrected")),
                 "ref" if is_ref else ratio,
                 "" if is_ref else _p(get(comp, "dJ_var", "brown_forsythe")),
                 "" if is_ref else fmt(get(comp, "dJ_mean", "tost", "p")),
@@ -190,7 +251,7 @@ KEY_HEADER = [
     "seeds",
     "mean J",
     "mean dJ ± SE",
-    "Var dJ",
+    "Var dJ (per task, pooled)",
     "Var dJ (noise-corr.)",
     "Var ratio [seed-bootstrap CI]",
     "BF p",
@@ -203,9 +264,11 @@ def numbers_section(stats: Mapping, metrics: pd.DataFrame) -> str:
     out = [
         "## Key numbers (classical tests, one value per run)",
         "",
-        "Across seeds: mean dJ ± SE, variance (raw; noise-corrected = minus the mean eval-sampling "
-        "variance), ratio of raw variances arm / reference with its seed-bootstrap CI; "
-        "BF = Brown-Forsythe; TOST = equivalence of mean dJ within the H1 margin. "
+        "Across seeds: mean dJ ± SE (of the mean over the scope's tasks per run), variance (each task's "
+        "variance across seeds, pooled over the scope's tasks: the unit of the verdicts; noise-corrected = "
+        "minus the mean eval-sampling variance), ratio of raw variances arm / reference with its "
+        "seed-bootstrap CI; BF = Brown-Forsythe on each seed's mean absolute deviation from the task "
+        "medians; TOST = equivalence of mean dJ within the H1 margin. "
         "The verdicts use the mixed model above; these are the fallback when a fit fails, "
         "and the per-task rows are descriptive (no multiplicity correction).",
         "",
@@ -276,6 +339,52 @@ def training_section(metrics: pd.DataFrame, precisions: Sequence[str]) -> str:
     return "\n".join(
         [
             "## Training, representable update and sparsity (mean over non-diverged seeds)",
+            "",
+            note,
+            "",
+            table(["precision", "seeds", *(n for _, n in shown)], rows),
+            "",
+        ]
+    )
+
+
+def sampler_gap_section(metrics: pd.DataFrame, precisions: Sequence[str]) -> str:
+    """Per arm: the sampler-trainer gap at each round's first step (``sampler_gap``), first runs only."""
+    cols = [
+        ("sampler_gap_mean", "mean |Δ log p|"),
+        ("sampler_gap_max", "max |Δ log p| (mean over seeds)"),
+        ("sampler_gap_outside_clip", "first-step ratio outside clip range"),
+        ("sampler_gap_clipped", "first-step clipped"),
+        ("clip_region_mean", "clip frac (all steps)"),
+        ("vllm_logp_diff_mean", "vLLM vs trainer |Δ log p|"),
+        ("loss_scale_final", "final loss scale"),
+        ("skipped_steps", "skipped steps"),
+    ]
+    if metrics.empty or "sampler_gap_outside_clip" not in metrics.columns:
+        return ""
+    runs = metrics[metrics["precision"].notna()].drop_duplicates("run")
+    if "repeat" in runs.columns:
+        runs = runs[runs["repeat"].fillna(1) <= 1]
+    shown = [(c, n) for c, n in cols if c in runs.columns and runs[c].notna().any()]
+    if runs.empty or not shown:
+        return ""
+    order = [p for p in precisions if p in set(runs["precision"])]
+    order += [p for p in runs["precision"].unique() if p not in order]
+    rows = [
+        [p, str(len(sel)), *(fmt(sel[c].mean()) for c, _ in shown)]
+        for p in order
+        for sel in [runs[runs["precision"] == p]]
+    ]
+    note = (
+        "Before any update on a generation round the trainer's weights are the sampler's, so "
+        "|log p_sampler - log p_trainer| there is numerics or dropout, not learning (HF path: eval-mode old "
+        "log-probs vs the loss forward with the arm's dropout; vLLM: its log-probs vs the loss forward). The "
+        "shares are of completion tokens whose ratio is already outside [1 - epsilon, 1 + epsilon_high], and "
+        "that the loss clips, at that step."
+    )
+    return "\n".join(
+        [
+            "## Sampler-trainer gap (mean over seeds)",
             "",
             note,
             "",

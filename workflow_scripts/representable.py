@@ -13,7 +13,9 @@ and the sum ``w +- lr`` is formed in float64 (exact up to a rounding that cannot
 ``d`` rounding boundary: ``d`` has at most 24 significant bits). Adam's update per weight is about
 ``lr`` in size early on, so this is the share of weights an Adam step can move; float32 masters give
 ~100% at lr 3e-5, bf16 ~21-28% (measured on the tiny default base; README arm table). Reported per
-module type (``module_type``) and for the model.
+module type (``module_type``) and for the model. Under stochastic rounding into bf16 (``rounding:
+stochastic``) every step moves a weight with probability min(1, lr / spacing): the expected share is
+reported instead (``stochastic_changed``).
 """
 
 from __future__ import annotations
@@ -57,15 +59,39 @@ def changed_counts(weights: torch.Tensor, lr: float) -> tuple[int, int]:
     return up, down
 
 
-def representable_update(model: torch.nn.Module, lr: float) -> dict:
-    """run.json's ``representable_update``: {lr, param_dtype, whole_model, by_module_type, numel}."""
-    totals: dict[str, list[int]] = {}
+def stochastic_changed(weights: torch.Tensor, lr: float) -> tuple[float, float]:
+    """Expected (weights changed by +lr, by -lr) when w +- lr is stochastically rounded to bf16: the
+    stored value moves with probability min(1, lr / gap to the neighbour on that side)."""
+    flat = weights.detach().reshape(-1)
+    up = down = 0.0
+    for start in range(0, flat.numel(), _CHUNK):
+        w = flat[start : start + _CHUNK]
+        wide = w.to(torch.float64)
+        for sign in (1.0, -1.0):
+            neighbour = torch.nextafter(w, torch.full_like(w, sign * float("inf"))).to(torch.float64)
+            p = (lr / (neighbour - wide).abs()).clamp(max=1.0)
+            if sign > 0:
+                up += float(p.sum())
+            else:
+                down += float(p.sum())
+    return up, down
+
+
+def representable_update(model: torch.nn.Module, lr: float, rounding: str = "nearest") -> dict:
+    """run.json's ``representable_update``: {lr, param_dtype, rounding, whole_model, by_module_type,
+    numel}. ``rounding`` stochastic (bf16 tensors of an arm with ``rounding: stochastic``): the expected
+    share a step of lr changes (``stochastic_changed``); other tensors are written by rounding to
+    nearest."""
+    totals: dict[str, list[float]] = {}
     dtypes = set()
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         dtypes.add(dtype_name(param.dtype))
-        up, down = changed_counts(param, lr)
+        if rounding == "stochastic" and param.dtype == torch.bfloat16:
+            up, down = stochastic_changed(param, lr)
+        else:
+            up, down = changed_counts(param, lr)
         entry = totals.setdefault(module_type(name), [0, 0])
         entry[0] += up + down
         entry[1] += 2 * param.numel()
@@ -76,6 +102,7 @@ def representable_update(model: torch.nn.Module, lr: float) -> dict:
     return {
         "lr": float(lr),
         "param_dtype": ",".join(sorted(dtypes)),
+        "rounding": rounding,
         "whole_model": changed / count,
         "by_module_type": {kind: c / n for kind, (c, n) in sorted(totals.items())},
         "numel": {kind: n // 2 for kind, (_, n) in sorted(totals.items())},

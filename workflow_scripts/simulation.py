@@ -5,14 +5,21 @@ the statistics are checked against is stated in one place. A table has the colum
 reads (the aggregate step's metrics.parquet, base rows included): for run (arm, seed) and task t
 
     p[t]    = base pass rate of task t (fixed)
-    dp      = gain[role] + u[arm, seed, role] + e[arm, seed, t],   u ~ N(0, seed_var[arm, role])
+    dp      = gain[role] + u[arm, seed, role] + e[arm, seed, t]
+              u ~ N(0, seed_var[arm, role])    shared by the role's tasks
+              e ~ N(0, task_var[arm, role])    seed x task: each task its own way
     J       = Binomial(n_problems * n_samples, clip(p[t] + dp)) / (n_problems * n_samples)
     dJ      = J - J_base[t]       (J_base drawn once per task, shared by every run: the base's noise)
     eval_noise_var = J (1 - J) / (n_problems * n_samples)
 
 so the eval noise enters dJ exactly as in the experiment (the problems are i.i.d. here, so the
-binomial variance is the exact sampling variance). KL k3 per run x task is kl_mean[role] + a seed
-shift with variance ``kl_seed_var[arm, role]`` + task noise + its known SE.
+binomial variance is the exact sampling variance). KL k3 per run x task is kl_mean + a seed shift with
+variance ``kl_seed_var[arm, role]`` + a seed x task effect with variance ``kl_task_var[arm, role]`` +
+its known SE.
+
+``STRUCTURES`` name where a larger seed variance sits (the calibration's alternatives): the whole seed
+variance of a task, V = seed_var + task_var, is ``ratio`` times the reference's, the increase put in
+the shared part only, in the seed x task part only, in both (each part times ``ratio``), or nowhere.
 """
 
 from __future__ import annotations
@@ -23,6 +30,41 @@ import numpy as np
 import pandas as pd
 
 ARMS = ("fp32", "bf16")
+ROLES = ("on_task", "off_task")
+SEED_VAR = 4e-4  # default shared seed variance of dJ (sd 0.02)
+TASK_VAR = 1e-4  # default seed x task variance of dJ
+KL_SEED_VAR = 1e-4
+KL_TASK_VAR = 9e-6
+STRUCTURES = ("null", "shared", "task", "both")
+
+Cells = Mapping[tuple[str, str], float]
+
+
+def structure(
+    name: str, ratio: float, shared: float, task: float, arm: str = "bf16", role: str = "off_task"
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """(seed_var, task_var) cells for ``arm`` and ``role`` whose whole seed variance is ``ratio`` x the
+    reference's (``shared`` + ``task``; 'null': ratio 1), the increase placed as ``name`` says."""
+    whole = shared + task
+    if name == "null":
+        s, t = shared, task
+    elif name == "shared":
+        s, t = shared + (ratio - 1) * whole, task
+    elif name == "task":
+        s, t = shared, task + (ratio - 1) * whole
+    elif name == "both":
+        s, t = ratio * shared, ratio * task
+    else:
+        raise ValueError(f"unknown structure {name!r} (one of {STRUCTURES})")
+    return {(arm, role): s}, {(arm, role): t}
+
+
+def _cell(cells: Cells | float | None, arm: str, role: str, default: float) -> float:
+    if cells is None:
+        return default
+    if isinstance(cells, Mapping):
+        return float(cells.get((arm, role), default))
+    return float(cells)
 
 
 def simulate_table(
@@ -30,18 +72,20 @@ def simulate_table(
     n_seeds: int = 10,
     n_on: int = 1,
     n_off: int = 4,
-    seed_var: Mapping[tuple[str, str], float] | None = None,
-    task_var: float = 1e-4,
+    seed_var: Cells | None = None,
+    task_var: Cells | float | None = None,
     gain: Mapping[str, float] | None = None,
     base_p: Sequence[float] | None = None,
     n_problems: int = 500,
     n_samples: int = 16,
     arms: Sequence[str] = ARMS,
-    kl_seed_var: Mapping[tuple[str, str], float] | None = None,
+    kl_seed_var: Cells | None = None,
+    kl_task_var: Cells | float | None = None,
+    shared_default: float = SEED_VAR,
+    task_default: float = TASK_VAR,
 ) -> pd.DataFrame:
-    """One tidy table; ``seed_var[(arm, role)]`` defaults to 4e-4 (sd 0.02) for every arm and role."""
-    seed_var = dict(seed_var or {})
-    kl_seed_var = dict(kl_seed_var or {})
+    """One tidy table; a (arm, role) cell missing from ``seed_var`` / ``task_var`` takes
+    ``shared_default`` / ``task_default`` (a float ``task_var`` applies to every cell)."""
     gain = {"on_task": 0.08, "off_task": 0.0, **dict(gain or {})}
     roles = {**{f"on{k}": "on_task" for k in range(n_on)}, **{f"off{k}": "off_task" for k in range(n_off)}}
     tasks = list(roles)
@@ -52,18 +96,20 @@ def simulate_table(
         _row("base", None, None, t, roles[t], j_base[i], 0.0, n_problems, n_samples, 0.0, 0.0)
         for i, t in enumerate(tasks)
     ]
+    kl_se = 0.002
     for arm in arms:
+        sd = {r: np.sqrt(_cell(seed_var, arm, r, shared_default)) for r in ROLES}
+        td = {r: np.sqrt(_cell(task_var, arm, r, task_default)) for r in ROLES}
+        kl_sd = {r: np.sqrt(_cell(kl_seed_var, arm, r, KL_SEED_VAR)) for r in ROLES}
+        kl_td = {r: np.sqrt(_cell(kl_task_var, arm, r, KL_TASK_VAR)) for r in ROLES}
         for s in range(1, n_seeds + 1):
-            u = {r: rng.normal(0, np.sqrt(seed_var.get((arm, r), 4e-4))) for r in ("on_task", "off_task")}
-            ukl = {
-                r: rng.normal(0, np.sqrt(kl_seed_var.get((arm, r), 1e-4))) for r in ("on_task", "off_task")
-            }
+            u = {r: rng.normal(0, sd[r]) for r in ROLES}
+            ukl = {r: rng.normal(0, kl_sd[r]) for r in ROLES}
             for i, t in enumerate(tasks):
                 r = roles[t]
-                q = np.clip(p[i] + gain[r] + u[r] + rng.normal(0, np.sqrt(task_var)), 1e-3, 1 - 1e-3)
+                q = np.clip(p[i] + gain[r] + u[r] + rng.normal(0, td[r]), 1e-3, 1 - 1e-3)
                 j = rng.binomial(n, q) / n
-                kl_se = 0.002
-                kl = 0.05 + ukl[r] + rng.normal(0, 0.003) + rng.normal(0, kl_se)
+                kl = 0.05 + ukl[r] + rng.normal(0, kl_td[r]) + rng.normal(0, kl_se)
                 rows.append(
                     _row(f"{arm}-s{s}", arm, s, t, r, j, j - j_base[i], n_problems, n_samples, kl, kl_se)
                 )

@@ -1,9 +1,12 @@
-"""Classical across-seed tests, one number per run: means (t, TOST), variances (BF, Pitman-Morgan, bootstrap).
+"""Classical across-seed tests: means (t, TOST) of one value per run, variances (BF, Pitman-Morgan, bootstrap)
+of the per-task across-seed variance pooled over tasks.
 
-Pure functions. They complement the mixed model (``variance_model``): they need no model of the tasks,
-so they are the fallback when a model fit fails, and the per-task tables (one task: seed and seed x
-task variance cannot be told apart, so the model does not apply) use them alone. Also here: the
-eval-sampling noise of J and the JSON conversion shared by the analysis modules.
+Pure functions. They complement the mixed model (``variance_model``) and test the same thing: the
+variance unit is each task's variance across seeds, pooled over the scope's tasks (a seed's shift shared
+by the tasks and its task-specific effects both count), so they are the fallback when a model fit fails;
+with one task (the per-task tables) it is that task's variance across seeds. Means use one mean over the
+scope's tasks per run. Also here: the eval-sampling noise of J and the JSON conversion shared by the
+analysis modules.
 """
 
 from __future__ import annotations
@@ -116,7 +119,8 @@ def describe(x: np.ndarray, alpha: float) -> dict:
 
 
 def paired(x: np.ndarray, sx: np.ndarray, y: np.ndarray, sy: np.ndarray) -> Pairs | None:
-    """Values of the seeds both arms have, in seed order (None if fewer than 2 are shared).
+    """Values (one per seed, or rows of seeds x tasks) of the seeds both arms have, in seed order (None if
+    fewer than 2 are shared).
 
     Shared seeds share data order and init, so pairing removes their common part; a seed one arm lost
     (a diverged run) drops out of the pairs only.
@@ -178,23 +182,43 @@ def compare_means(x: np.ndarray, y: np.ndarray, pairs: Pairs | None, alpha: floa
     }
 
 
+def as_matrix(x: np.ndarray) -> np.ndarray:
+    """Seeds x tasks (one value per seed becomes one task)."""
+    x = np.asarray(x, dtype=float)
+    return x[:, None] if x.ndim == 1 else x
+
+
+def pooled_var(x: np.ndarray) -> np.ndarray:
+    """Each task's variance across seeds (ddof 1), averaged over tasks; seeds on axis -2 (batched)."""
+    return np.var(x, ddof=1, axis=-2).mean(axis=-1)
+
+
 def brown_forsythe(x: np.ndarray, y: np.ndarray) -> dict:
-    """Levene's test centred at the median: robust to the heavy tails that seed-to-seed dJ can have."""
+    """Brown-Forsythe (Levene centred at the median) on each seed's mean absolute deviation from the task
+    medians: robust to the heavy tails that seed-to-seed dJ can have, one value per seed (the unit of
+    replication) and larger for either a shared or a task-specific seed effect. One task: classical BF."""
+    x, y = as_matrix(x), as_matrix(y)
     if min(len(x), len(y)) < MIN_SEEDS_VAR:
         return skip(f"needs >= {MIN_SEEDS_VAR} seeds per arm (have {len(x)} and {len(y)})")
+    zx, zy = (np.abs(m - np.median(m, axis=0)).mean(axis=1) for m in (x, y))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = st.levene(x, y, center="median")
+        res = st.f_oneway(zx, zy)
     if not np.isfinite(res.pvalue):
         return skip("no spread in either arm")
-    return {"status": "ok", "statistic": res.statistic, "p": res.pvalue}
+    return {"status": "ok", "statistic": float(res.statistic), "p": float(res.pvalue), "n_tasks": x.shape[1]}
 
 
 def pitman_morgan(x: np.ndarray, y: np.ndarray) -> dict:
     """Variance equality for paired samples: Var x = Var y iff corr(x + y, x - y) = 0.
 
     r > 0 means x is the more variable; the Pearson test of r is the Pitman-Morgan t-test (df n-2).
+    Defined for one value per run: with several tasks it is skipped (the pooled unit has no such test).
     """
+    x, y = as_matrix(x), as_matrix(y)
+    if x.shape[1] > 1:
+        return skip("defined for one task (one value per run)")
+    x, y = x[:, 0], y[:, 0]
     if len(x) < 3:
         return skip("needs >= 3 paired seeds")
     s, d = x + y, x - y
@@ -207,32 +231,36 @@ def pitman_morgan(x: np.ndarray, y: np.ndarray) -> dict:
     return {"status": "ok", "r": res.statistic, "p": res.pvalue, "n_pairs": len(x)}
 
 
-def _log_var_ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(np.var(x, ddof=1, axis=axis) / np.var(y, ddof=1, axis=axis))
-
-
 def bootstrap_log_var_ratio(
     x: np.ndarray, y: np.ndarray, paired: bool, n_resamples: int, alpha: float, rng: np.random.Generator
 ) -> dict:
-    """(1-alpha) CI of log(Var x / Var y) resampling seeds (jointly when paired): BCa, else percentile.
+    """(1-alpha) CI of log(pooled Var x / pooled Var y) resampling seeds (whole rows: a seed keeps its
+    tasks; jointly when paired): BCa, else percentile.
 
     BCa covers better than percentile at ~10 seeds; it breaks when resamples hit zero variance (tiny
     n), hence the fallback.
     """
+    x, y = as_matrix(x), as_matrix(y)
     if min(len(x), len(y)) < MIN_SEEDS_VAR:
         return skip(f"needs >= {MIN_SEEDS_VAR} seeds per arm")
-    point = float(_log_var_ratio(x, y))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(np.log(pooled_var(x) / pooled_var(y)))
     if not math.isfinite(point):
         return skip("zero variance in an arm")
+
+    def log_ratio(*idx: np.ndarray, axis: int = -1) -> np.ndarray:
+        ix, iy = (idx[0], idx[0]) if paired else idx
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(pooled_var(x[ix]) / pooled_var(y[iy]))
+
+    seeds = (np.arange(len(x)),) if paired else (np.arange(len(x)), np.arange(len(y)))
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 res = st.bootstrap(
-                    (x, y),
-                    _log_var_ratio,
-                    paired=paired,
+                    seeds,
+                    log_ratio,
                     vectorized=True,
                     rng=rng,
                     n_resamples=n_resamples,
@@ -267,12 +295,17 @@ def compare_variances(
     cfg: Mapping,
     rng: np.random.Generator,
 ) -> dict:
-    """Var x vs Var y across seeds: raw and noise-corrected variances, BF, Pitman-Morgan, bootstrap CI."""
-    vx = float(np.var(x, ddof=1)) if len(x) > 1 else None
-    vy = float(np.var(y, ddof=1)) if len(y) > 1 else None
+    """Pooled per-task variance across seeds, x vs y (seeds x tasks; 1-D = one task): raw and
+    noise-corrected (``noise_*`` = mean eval-noise variance of one run x task), BF, Pitman-Morgan (one
+    task), seed-bootstrap CI of the ratio."""
+    x, y = as_matrix(x), as_matrix(y)
+    vx = float(pooled_var(x)) if len(x) > 1 else None
+    vy = float(pooled_var(y)) if len(y) > 1 else None
     cx = max(vx - noise_x, 0.0) if vx is not None else None
     cy = max(vy - noise_y, 0.0) if vy is not None else None
     return {
+        "unit": f"per-task variance across seeds, pooled over {x.shape[1]} task(s)",
+        "n_tasks": x.shape[1],
         "var": vx,
         "var_ref": vy,
         "noise_var": noise_x,

@@ -3,13 +3,17 @@
 Pure (no file I/O). The unit of replication is the training seed. Per task role (on_task, off_task)
 and quantity (dJ; KL k3 for H3):
 
-- the mixed model (``variance_model``; primary): seed variance per (precision, role) with the known
-  eval noise of every task, profile CIs, the ratio arm / reference with a bootstrap-calibrated test,
-  and its power (``power``);
-- classical tests on one mean per run (``stat_tests``): paired t / TOST of the means, Brown-Forsythe,
-  Pitman-Morgan, seed-bootstrap CI of the variance ratio (the fallback when a fit fails);
+- the mixed model (``variance_model``; primary): per (precision, role) the whole seed variance of a
+  task (shared seed effect + seed x task effect) and its two parts, with the known eval noise of every
+  task, profile CIs, the whole ratio arm / reference with a bootstrap-calibrated test, and its power
+  (``power``, simulated for that statistic);
+- classical tests (``stat_tests``): paired t / TOST of one mean over the tasks per run; Brown-Forsythe,
+  Pitman-Morgan (one task) and a seed-bootstrap CI on the per-task variance across seeds pooled over
+  the tasks, the model's unit (the fallback when a fit fails);
+- ``noise_share``: the eval-noise share of that pooled variance per role, quantity and arm;
 - ``by_task``: the classical tests per single task (descriptive, no multiplicity correction; with one
-  task the seed and seed x task variances are not separable, so the model does not apply).
+  task the seed and seed x task variances are not separable);
+- ``controls``: control arms (``control`` in a precision entry), judged apart from H1-H3.
 
 The decision rules (gate, H1-H3) live in ``verdicts``. Runs marked diverged (column ``diverged``,
 from run.json's health record) are excluded before anything is computed and listed in
@@ -38,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workflow_scripts import noise_floor as nf
 from workflow_scripts import paths
 from workflow_scripts import power as pw
 from workflow_scripts import variance_model as vm
@@ -52,13 +57,14 @@ from workflow_scripts.stat_tests import (
     eval_noise,
     json_safe,
     paired,
+    pooled_var,
     rng_for,
     sampling_noise_var,
     skip,
 )
 
 __all__ = ["analysis_defaults", "analyze", "json_safe", "run", "sampling_noise_var"]
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: whole seed variance (shared + seed x task), noise_share, controls
 ROLES = ("on_task", "off_task")
 REQUIRED_COLUMNS = ("run", "precision", "seed", "task", "role", "dJ")
 QUANTITIES = {"dJ": ("dJ", "noise"), "kl": ("kl", "kl_var")}
@@ -94,54 +100,92 @@ def _units(rows: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
     )
 
 
-def classical_scope(units: pd.DataFrame, arms: Sequence[str], cfg: Mapping, key: str, margin: float) -> dict:
-    """Per-arm summaries and arm-vs-reference classical comparisons of dJ and KL for one scope."""
-    alpha = float(cfg["alpha"])
-    data = {a: units[units["precision"] == a].sort_values("seed") for a in arms}
-    has_kl = bool(units["kl"].notna().all()) and len(units) > 0
-    arm_blocks = {}
-    for a, d in data.items():
-        block = {
-            "n_seeds": len(d),
-            "seeds": d["seed"].tolist(),
-            "dJ": describe(d["y"].to_numpy(), alpha),
-            "eval_noise_var": d["noise"].mean() if len(d) else None,
-        }
-        v = block["dJ"]["var"]
-        block["dJ"]["var_corrected"] = max(v - block["eval_noise_var"], 0.0) if v is not None else None
-        if has_kl:
-            kl = block["kl_k3"] = describe(d["kl"].to_numpy(), alpha)
-            kl["noise_var"] = d["kl_noise"].mean() if len(d) else None
-        arm_blocks[a] = block
-    comparisons = {}
-    for i, a in enumerate(arms[1:], 1):
-        x, y = data[a], data[arms[0]]
-        sx, sy = x["seed"].to_numpy(), y["seed"].to_numpy()
-        rng = rng_for(cfg["seed"], f"{key}/{i}")
-        comp: dict[str, Any] = {"paired": False, "n_seeds": [len(x), len(y)]}
-        for q, (col, ncol) in (("dJ", ("y", "noise")), ("kl", ("kl", "kl_noise"))):
-            if q == "kl" and not has_kl:
-                comp["kl_mean"] = comp["kl_var"] = skip("KL (kl_k3) missing for some runs or tasks")
-                continue
-            xv, yv = x[col].to_numpy(), y[col].to_numpy()
-            pairs = paired(xv, sx, yv, sy)
-            comp["paired"] = comp["paired"] or pairs is not None
-            comp[f"{q}_mean"] = compare_means(xv, yv, pairs, alpha, margin)
-            comp[f"{q}_var"] = compare_variances(
-                xv, yv, float(x[ncol].mean()), float(y[ncol].mean()), pairs, cfg, rng
-            )
-        comparisons[a] = comp
-    return {"reference": arms[0], "arms": arm_blocks, "comparisons": comparisons}
-
-
-def _matrix(rows: pd.DataFrame, arm: str, tasks: Sequence[str], col: str, ncol: str) -> vm.ArmData:
-    """Seeds x tasks values and known noise of one arm (numpy, not pivot: this runs per simulated table)."""
+def _arm_matrix(
+    rows: pd.DataFrame, arm: str, tasks: Sequence[str], col: str, ncol: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seeds, values, known noise) of one arm: seeds x tasks in seed order (numpy, not pivot: this runs
+    per simulated table); a run lacking a task has NaN there."""
     sub = rows[(rows["precision"] == arm) & rows["task"].isin(tasks)]
     r_codes, runs = pd.factorize(sub["run"])
     t_idx = sub["task"].map({t: i for i, t in enumerate(tasks)}).to_numpy()
     y, v = np.full((len(runs), len(tasks)), np.nan), np.zeros((len(runs), len(tasks)))
     y[r_codes, t_idx] = sub[col].to_numpy(dtype=float)
     v[r_codes, t_idx] = sub[ncol].to_numpy(dtype=float)
+    seeds = sub["seed"].to_numpy()[np.unique(r_codes, return_index=True)[1]]
+    order = np.argsort(seeds, kind="stable")
+    return seeds[order], y[order], v[order]
+
+
+def noise_share(values: np.ndarray, noise: np.ndarray) -> dict[str, Any]:
+    """Eval-noise share of the across-seed variance of one arm's run x task values (seeds x tasks): mean
+    noise variance / per-task variance across seeds pooled over tasks (what the statistic compares)."""
+    if len(values) < 2:
+        return {"share": None, "noise_var": float(noise.mean()) if noise.size else None, "observed_var": None}
+    observed = float(pooled_var(values))
+    mean_noise = float(noise.mean())
+    return {
+        "share": mean_noise / observed if observed > 0 else None,
+        "noise_var": mean_noise,
+        "observed_var": observed,
+        "df": int(values.shape[1] * (len(values) - 1)),
+    }
+
+
+def classical_scope(
+    rows: pd.DataFrame, tasks: Sequence[str], arms: Sequence[str], cfg: Mapping, key: str, margin: float
+) -> dict:
+    """Per-arm summaries and arm-vs-reference classical comparisons of dJ and KL for one scope: means of
+    one mean over the tasks per run, variances of the per-task variance pooled over the tasks."""
+    alpha = float(cfg["alpha"])
+    has_kl = bool(rows.loc[rows["task"].isin(tasks), "kl"].notna().all()) and len(rows) > 0
+    mats = {a: {q: _arm_matrix(rows, a, tasks, *cols) for q, cols in QUANTITIES.items()} for a in arms}
+    arm_blocks = {}
+    for a in arms:
+        seeds, y, v = mats[a]["dJ"]
+        block = {"n_seeds": len(seeds), "seeds": seeds.tolist(), "dJ": _describe(y, v, alpha)}
+        if has_kl:
+            block["kl_k3"] = _describe(*mats[a]["kl"][1:], alpha)
+        arm_blocks[a] = block
+    comparisons = {}
+    for i, a in enumerate(arms[1:], 1):
+        rng = rng_for(cfg["seed"], f"{key}/{i}")
+        comp: dict[str, Any] = {
+            "paired": False,
+            "n_seeds": [len(mats[a]["dJ"][0]), len(mats[arms[0]]["dJ"][0])],
+        }
+        for q in QUANTITIES:
+            if q == "kl" and not has_kl:
+                comp["kl_mean"] = comp["kl_var"] = skip("KL (kl_k3) missing for some runs or tasks")
+                continue
+            (sx, x, nx), (sy, y, ny) = mats[a][q], mats[arms[0]][q]
+            pairs = paired(x, sx, y, sy)
+            mean_pairs = (pairs[0].mean(axis=1), pairs[1].mean(axis=1)) if pairs is not None else None
+            comp["paired"] = comp["paired"] or pairs is not None
+            comp[f"{q}_mean"] = compare_means(x.mean(axis=1), y.mean(axis=1), mean_pairs, alpha, margin)
+            comp[f"{q}_var"] = compare_variances(x, y, float(nx.mean()), float(ny.mean()), pairs, cfg, rng)
+        comparisons[a] = comp
+    return {"reference": arms[0], "arms": arm_blocks, "comparisons": comparisons}
+
+
+def _describe(y: np.ndarray, v: np.ndarray, alpha: float) -> dict[str, Any]:
+    """One arm: the mean over tasks per run across seeds (``describe``) and the pooled per-task variance
+    across seeds with its eval noise (the variance unit of the tests)."""
+    t = max(y.shape[1], 1)
+    block = describe(y.mean(axis=1), alpha)
+    block["noise_var_of_mean"] = float(v.sum(axis=1).mean()) / t**2 if len(v) else None
+    ns = noise_share(y, v)
+    block["pooled_var"] = ns["observed_var"]
+    block["noise_var"] = ns["noise_var"]
+    block["pooled_var_corrected"] = (
+        max(ns["observed_var"] - ns["noise_var"], 0.0) if ns["observed_var"] is not None else None
+    )
+    block["noise_share"] = ns["share"]
+    return block
+
+
+def _matrix(rows: pd.DataFrame, arm: str, tasks: Sequence[str], col: str, ncol: str) -> vm.ArmData:
+    """Seeds x tasks values and known noise of one arm, as the mixed model takes them."""
+    _, y, v = _arm_matrix(rows, arm, tasks, col, ncol)
     return vm.arm_data(y, v)
 
 
@@ -154,7 +198,8 @@ def model_scope(
     key: str,
     power_for: str | None,
 ) -> dict[str, Any]:
-    """Mixed-model fits of one role and quantity: per-arm components and arm-vs-reference comparisons.
+    """Mixed-model fits of one role and quantity: per-arm components (whole, shared, seed x task) and
+    arm-vs-reference comparisons of the whole seed variance, with power.
 
     ``power_for``: None, 'detect' or 'equivalence' (which power block the verdict of this scope needs).
     """
@@ -182,9 +227,7 @@ def model_scope(
             comp["power"] = pw.power_block(
                 fits[a],
                 fits[arms[0]],
-                comp["bootstrap"].get("null_seed_var", 0.0)
-                if comp["bootstrap"].get("status") == "ok"
-                else 0.0,
+                vm.null_fit(fits[a], fits[arms[0]], grid),
                 dict(cfg),
                 rng_for(cfg["seed"], f"power/{key}/{i}"),
                 floor,
@@ -195,6 +238,36 @@ def model_scope(
     if failed:
         out["status"], out["reason"] = "failed", "; ".join(failed)
     return out
+
+
+NOISE_SHARE_WARN = 0.5  # report.md warns when a verdict rests on an eval-noise share above this
+
+
+def noise_share_block(by_type: Mapping, arms: Sequence[str], controls: Mapping[str, str]) -> dict[str, Any]:
+    """by_role[role][quantity][arm] = {share, noise_var, observed_var} (``noise_share`` of the classical
+    arm blocks) and at_risk[hypothesis] = {arm: share} for the arms its verdict compares (the reference
+    and the non-control arms) above ``NOISE_SHARE_WARN`` (that verdict rests mostly on measurement noise)."""
+    by_role: dict[str, dict] = {}
+    for role, scope in by_type.items():
+        by_role[role] = {}
+        for q, key in (("dJ", "dJ"), ("kl", "kl_k3")):
+            blocks = {a: (scope["arms"].get(a) or {}).get(key) for a in arms}
+            by_role[role][q] = {
+                a: {"share": b["noise_share"], "noise_var": b["noise_var"], "observed_var": b["pooled_var"]}
+                for a, b in blocks.items()
+                if b
+            }
+    at_risk = {}
+    for h, (role, q) in vd.SCOPES.items():
+        shares = by_role.get(role, {}).get(q, {})
+        high = {
+            a: b["share"]
+            for a, b in shares.items()
+            if a not in controls and (b["share"] or 0) > NOISE_SHARE_WARN
+        }
+        if high:
+            at_risk[h] = high
+    return {"by_role": by_role, "warn_above": NOISE_SHARE_WARN, "at_risk": at_risk}
 
 
 def _arm_order(
@@ -266,24 +339,35 @@ def analyze(
     cfg: Mapping | None = None,
     *,
     precisions: Sequence[str] | Mapping[str, Any] | None = None,
+    controls: Mapping[str, str] | None = None,
 ) -> dict:
     """Statistics and verdicts for H1-H3 (the content of analysis/stats.json; JSON-safe, no NaN).
 
     ``cfg``: config ``analysis`` (schema defaults fill what is missing). The reference arm is the first
-    of ``precisions``, else the first precision in the table. Degenerate data (1 seed, constant dJ, no
+    of ``precisions``, else the first precision in the table. ``precisions`` may be the config's
+    precisions section: its ``control`` labels (``verdicts.control_arms``) then mark control arms, as
+    ``controls`` ({arm: negative | positive}) does; control arms are judged in ``controls`` and left
+    out of the H1-H3 verdicts. Degenerate data (1 seed, constant dJ, no
     KL) gives 'skipped'/'failed' blocks with reasons and 'inconclusive'/'not testable' verdicts, never
     an exception; a malformed table (missing columns, duplicate run x task rows) raises ValueError.
 
     Keys: schema_version, config, reference, precisions, n, tasks, eval_noise_source, excluded_runs,
-    gate, by_task_type[role] (classical: arms, comparisons), mixed_model[role][dJ | kl] (arms: seed_var
-    with CI, task_var; comparisons: ratio, ratio_ci, ratio_ci_equivalence, p, power), by_task[task],
-    verdicts[H1 | H2 | H3] = {verdict, reason, rule, by_arm}, warnings. Infinite values (an unbounded
+    gate, by_task_type[role] (classical: arms, comparisons), mixed_model[role][dJ | kl] (arms: whole_var,
+    shared_var, task_var with CIs; comparisons of the whole seed variance: ratio, ratio_ci,
+    ratio_ci_equivalence, p, parts, power), by_task[task], noise_share (per role, quantity and arm, and
+    the verdicts resting on a share above ``NOISE_SHARE_WARN``), verdicts[H1 | H2 | H3] = {verdict,
+    reason, rule, scope, by_arm}, controls[arm], noise_floor (``noise_floor``: repeats of an
+    (arm, seed), left out of everything else), warnings. Infinite values (an unbounded
     CI end, a ratio over a zero variance) are stored as null (strict JSON).
     """
     cfg = {**analysis_defaults(), **dict(cfg or {})}
     warn: list[str] = []
-    rows, base, excluded, noise_source = _prepare(metrics, warn)
+    rows, base, excluded, noise_source = _prepare(nf.without_repeats(metrics), warn)  # repeats: noise_floor
     arms = _arm_order(rows, precisions, warn)
+    controls = {
+        **(vd.control_arms(precisions) if isinstance(precisions, Mapping) else {}),
+        **dict(controls or {}),
+    }
     if len(arms) < 2:
         warn.append(f"only {len(arms)} precision arm(s): nothing to compare")
     runs = rows["run"].unique()
@@ -320,11 +404,10 @@ def analyze(
         if not tasks:
             warn.append(f"no task of role {t} is complete across runs")
             continue
-        units = _units(rows, tasks)
         by_type[t] = {
             "tasks": tasks,
             "n_tasks": len(tasks),
-            **classical_scope(units, arms, cfg, f"type/{t}", margin),
+            **classical_scope(rows, tasks, arms, cfg, f"type/{t}", margin),
         }
         if len(arms) < 2:
             continue
@@ -353,8 +436,10 @@ def analyze(
                 )
     by_task = {}
     for task in sorted(role_of.index):
-        units = _units(rows, [task])
-        by_task[task] = {"role": role_of[task], **classical_scope(units, arms, cfg, f"task/{task}", margin)}
+        by_task[task] = {
+            "role": role_of[task],
+            **classical_scope(rows, [task], arms, cfg, f"task/{task}", margin),
+        }
 
     n_seeds = rows.groupby("precision")["run"].nunique()
     out = {
@@ -375,7 +460,10 @@ def analyze(
         "by_task_type": by_type,
         "mixed_model": model,
         "by_task": by_task,
-        "verdicts": vd.decide(gate, by_type, arms, cfg),
+        "noise_share": noise_share_block(by_type, arms, controls),
+        "verdicts": vd.decide(gate, by_type, arms, cfg, controls),
+        "controls": vd.control_outcomes(by_type, arms, controls, cfg, gate),
+        "noise_floor": nf.noise_floor(metrics),
         "warnings": warn,
     }
     return json_safe(out)
@@ -389,11 +477,14 @@ def run(
     metrics: str | os.PathLike,
     out: str | os.PathLike,
     analysis: Mapping | None,
-    precisions: Sequence[str] = (),
+    precisions: Sequence[str] | Mapping[str, Any] = (),
 ) -> dict:
-    """The analysis_stats stage: stats.json = analyze(metrics.parquet) + a ``source`` block; strict JSON."""
+    """The analysis_stats stage: stats.json = analyze(metrics.parquet) + a ``source`` block; strict JSON.
+
+    ``precisions``: the arm order, or the config's precisions section (arm order and control labels)."""
     table = read_parquet(metrics)
-    result = analyze(table, analysis, precisions=list(precisions) or None)
+    order = dict(precisions) if isinstance(precisions, Mapping) else list(precisions)
+    result = analyze(table, analysis, precisions=order or None)
     result["source"] = {"metrics": str(metrics), "rows": len(table), "runs": int(table["run"].nunique())}
     write_text(out, json.dumps(result, indent=2, allow_nan=False) + "\n")
     verdict_line = ", ".join(f"{h} {v['verdict']}" for h, v in result["verdicts"].items())
@@ -411,7 +502,7 @@ def from_snakemake(smk: Any) -> None:
         metrics=smk.input.metrics,
         out=smk.output.stats,
         analysis=dict(smk.params.analysis),
-        precisions=list(smk.params.precisions),
+        precisions=smk.params.precisions,
     )
 
 
@@ -421,7 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         description="stats.json (gate, mixed model, tests, H1-H3 verdicts) from metrics.parquet.",
     )
     p.add_argument("--metrics", default=str(paths.analysis_dir() / "metrics.parquet"))
-    p.add_argument("--config", help="a config YAML: its analysis section is used (default: schema defaults)")
+    p.add_argument(
+        "--config",
+        help="a config YAML: its analysis section and its precisions (order, control labels) are used "
+        "(default: schema defaults)",
+    )
     p.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
     p.add_argument("--out", default=str(paths.analysis_dir() / "stats.json"))
     args = p.parse_args(argv)
@@ -430,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         from workflow_scripts.config import load_config
 
         cfg = load_config(args.config, check_files=False)
-        analysis, precisions = cfg["analysis"], precisions or list(cfg["precisions"])
+        analysis, precisions = cfg["analysis"], precisions or dict(cfg["precisions"])
     run(metrics=args.metrics, out=args.out, analysis=analysis, precisions=precisions)
     return 0
 

@@ -5,10 +5,15 @@ The base policy is trained on the training prompts with the training task's veri
 
 - ``model/``: the final policy (safetensors, in ``param_dtype``, checked on disk) and tokenizer;
 - ``metrics.jsonl``: one line per optimizer step (keys: ``metrics_log``);
-- ``run.json``: provenance (versions, config hash, precision mode, dtypes at start, end and as saved,
-  autocast observed, device, steps, seed, wall time, reward and dynamic-sampling summaries, resume
-  information), ``representable_update`` (``representable``, from the weights at step 0) and
-  ``health`` (``train_health``: diverged or not, and why);
+- ``run.json``: provenance (run name and repeat, versions, config hash, precision mode, dtypes at
+  start, end and as saved, autocast observed, device, steps, seed, wall time, reward and
+  dynamic-sampling summaries, resume information), ``representable_update`` (``representable``, from
+  the weights at step 0), ``health`` (``train_health``: diverged or not, and why), ``vllm`` (used,
+  mode, dtype, the engine's seed: ``grpo_trainer.vllm_seed``), ``importance_sampling`` (what TRL got,
+  and whether it acts), ``sampler_gap`` (``metrics_log.gap_summary``) and ``loss_scale`` (fp16:
+  ``metrics_log.scaler_summary``; else null), ``train_seed`` (seed + the arm's seed_offset),
+  ``bf16_matmul`` (the path the arm's bf16 products took), ``optimizer`` (class, rounding, update noise:
+  ``optimizers``) and ``precision_contract`` (expected and observed dtypes: ``precision_contract``);
 - ``tb/``: TensorBoard events when ``train.report_to`` is tensorboard (not a declared output).
 
 Where the pieces live: the config -> GRPOConfig table in ``grpo_config``; every override of TRL
@@ -48,6 +53,8 @@ from transformers import TrainerCallback
 
 from workflow_scripts import paths
 from workflow_scripts.atomic import atomic_dir, write_json, write_text
+from workflow_scripts.bf16_matmul import bf16_matmul
+from workflow_scripts.bf16_matmul import record as matmul_record
 from workflow_scripts.checkpoints import (
     checkpoint_step,
     latest_complete_checkpoint,
@@ -58,6 +65,7 @@ from workflow_scripts.config import load_config, section_hash
 from workflow_scripts.grpo_config import (
     gate_vllm,
     grpo_config,
+    importance_sampling_record,
     reward_functions,
     strategy,
     tracking_env,
@@ -65,14 +73,18 @@ from workflow_scripts.grpo_config import (
 )
 from workflow_scripts.grpo_trainer import make_trainer_class, rollout_dtype
 from workflow_scripts.launch import launch_training
+from workflow_scripts.metrics_callback import MetricsLogger
 from workflow_scripts.metrics_log import (
-    MetricsLogger,
+    gap_summary,
     kl_prompt_sample,
     read_metrics,
     reward_summary,
+    scaler_summary,
     truncate_metrics,
 )
 from workflow_scripts.modeling import load_model, load_tokenizer
+from workflow_scripts.numerics import numerics_provenance
+from workflow_scripts.optimizers import optimizer_cls_and_kwargs, optimizer_record
 from workflow_scripts.precision import (
     AutocastProbe,
     PrecisionMode,
@@ -80,10 +92,14 @@ from workflow_scripts.precision import (
     check_param_dtypes,
     check_saved_dtypes,
     check_supported,
+    head_param_names,
     load_policy,
+    matmul_path,
     model_dropouts,
     summarize_dtypes,
+    train_seed,
 )
+from workflow_scripts.precision_contract import contract_check
 from workflow_scripts.representable import representable_update
 from workflow_scripts.resources import train_processes
 from workflow_scripts.rows import read_rows
@@ -142,11 +158,14 @@ def _vllm_record(trainer) -> dict:
     for a float32 checkpoint unless told), read from the trainer, not the config."""
     generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
     if generation is None:
-        return {"used": False, "mode": None, "dtype": None}
+        return {"used": False, "mode": None, "dtype": None, "seed": None, "seed_given": None}
     engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
     dtype = getattr(getattr(engine, "model_config", None), "dtype", None)
     mode = getattr(generation, "mode", None)
-    return {"used": True, "mode": mode, "dtype": str(dtype).removeprefix("torch.")}
+    given = getattr(trainer, "vllm_engine_args", {}).get("seed")  # grpo_trainer.vllm_seed(run seed, group)
+    seed = getattr(getattr(engine, "model_config", None), "seed", given)  # what the engine holds
+    return {"used": True, "mode": mode, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
+            "seed_given": given}  # fmt: skip
 
 
 def _training_kind(path: Path, rows: list[dict]) -> str:
@@ -211,14 +230,15 @@ def train_run(
     ckpt_dir,
     threads: int = 1,
     callbacks: list | None = None,
+    repeat: int = 1,
 ) -> dict:
     """``run`` with the sections taken from a whole (validated) config: the tests' form (one process)."""
-    job = job_from_config(config, precision, seed, data_dir, base_dir, out_dir, ckpt_dir)
+    job = job_from_config(config, precision, seed, data_dir, base_dir, out_dir, ckpt_dir, repeat)
     return run(**job, threads=threads, callbacks=callbacks)
 
 
 def job_from_config(
-    config: Mapping, precision: str, seed: int, data_dir, base_dir, out_dir, ckpt_dir
+    config: Mapping, precision: str, seed: int, data_dir, base_dir, out_dir, ckpt_dir, repeat: int = 1
 ) -> dict:
     """``run``'s arguments (but threads) from a whole (validated) config, as JSON: what ``--job`` reads."""
     if precision not in config["precisions"]:
@@ -230,6 +250,7 @@ def job_from_config(
         "mode": dict(config["precisions"][precision]),
         "model": {k: model[k] for k in ("dtype", "trust_remote_code") if k in model},
         "seed": int(seed),
+        "repeat": int(repeat),
         "data_dir": str(data_dir),
         "base_dir": str(base_dir),
         "out_dir": str(out_dir),
@@ -251,10 +272,12 @@ def run(
     threads: int = 1,
     callbacks: "list | None" = None,
     verifier: "dict | None" = None,
+    repeat: int = 1,
 ) -> dict:
     """The stage: train arm ``precision`` (its config entry ``mode``) with seed ``seed``; write model/,
     metrics.jsonl and run.json under ``out_dir``. ``model`` = {dtype, trust_remote_code} of the base;
-    ``verifier`` = the training set's verifier settings (``data.train.verifier``; None: defaults)."""
+    ``verifier`` = the training set's verifier settings (``data.train.verifier``; None: defaults);
+    ``repeat`` = 1, or k >= 2 for a repeat of (precision, seed) (config ``repeats``: same seed)."""
     started = time.time()
     data_dir, base_dir, out_dir, ckpt_dir = map(Path, (data_dir, base_dir, out_dir, ckpt_dir))
     train_cfg = dict(train)
@@ -266,7 +289,8 @@ def run(
     determinism = apply_determinism(mode)
     world = world_size_from_env(None)
     sharded = strategy(train_cfg) == "fsdp"
-    args = grpo_config(train_cfg, mode, seed, ckpt_dir, world)  # checks the train section once
+    stream_seed = train_seed(mode, seed)  # seed + the arm's seed_offset (a negative control's own seeds)
+    args = grpo_config(train_cfg, mode, stream_seed, ckpt_dir, world)  # checks the train section once
     if args.steps_per_generation * args.num_iterations <= args.gradient_accumulation_steps:
         log.warning(
             "steps_per_generation * num_iterations <= gradient_accumulation_steps: the policy ratio "
@@ -303,7 +327,7 @@ def run(
     tokenizer = load_tokenizer(base_dir, trust)
     policy = load_policy(base_dir, mode, trust)
     start_dtypes = check_param_dtypes(policy, mode)
-    representable = representable_update(policy, train_cfg["learning_rate"])
+    representable = representable_update(policy, train_cfg["learning_rate"], mode.rounding)
     reference = None  # the KL log's base model: only the rank that logs needs it (all of them under FSDP)
     if state.is_main_process or sharded:
         reference = load_model(base_dir, model.get("dtype", "float32"), trust).to(device).eval()
@@ -346,9 +370,14 @@ def run(
         trainer.remove_callback(PrinterCallback)
         _check_distribution(trainer.accelerator, train_cfg, world)
         probe = AutocastProbe(trainer.model)
+        # the arm's optimizer (rounding, update_noise; None: TRL's adamw_torch), its dtype contract, and
+        # the path its bf16 products take (precision, optimizers, precision_contract, bf16_matmul)
+        trainer.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs(mode, args, stream_seed)
+        contract = contract_check(trainer, mode, probe, device=device, world=world)
         train_start = time.perf_counter()
         try:
-            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+            with bf16_matmul(matmul_path(mode, device)):
+                trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         finally:
             logger.close()
             probe.close()
@@ -370,25 +399,30 @@ def run(
         with atomic_dir(out_dir / "model") as tmp:
             policy.save_pretrained(tmp, safe_serialization=True, state_dict=full_state)
             tokenizer.save_pretrained(tmp)
-            written = check_saved_dtypes(tmp, mode)
+            written = check_saved_dtypes(tmp, mode, head_param_names(policy))
         write_text(out_dir / "metrics.jsonl", live_metrics.read_text(encoding="utf-8"))
         health = assess_health(metrics, train_cfg["health"])
         for reason in health["reasons"]:
             log.warning("run marked diverged: %s", reason)
         summary = reward_summary(metrics)
         record = {
+            "run": paths.run_name(precision, seed, repeat),
             "precision": precision,
             "mode": mode.as_dict(),
             "seed": seed,
+            "train_seed": stream_seed,
+            "repeat": repeat,
             "device": device,
             "peak_gpu_memory_gb": _peak_gpu_memory_gb(),
             "vllm": _vllm_record(trainer),
+            "importance_sampling": importance_sampling_record(args),
             "world_size": world,
             "strategy": strategy(train_cfg),
             "distributed_type": trainer.accelerator.distributed_type.name,
             "ranks": ranks,
             "threads": threads,
             "versions": _versions(),
+            "numerics": numerics_provenance(),
             "config_hash": section_hash(train_cfg, mode.as_dict(), seed),
             "run_key": key,
             "train": train_cfg,
@@ -409,6 +443,9 @@ def run(
             "dtypes_saved": summarize_dtypes(written),
             "trainable_tensors": len(start_dtypes),
             "autocast": {"requested": mode.autocast, "observed": probe.record},
+            "bf16_matmul": matmul_record(mode.bf16_matmul, device, mode.computes_bf16),
+            "optimizer": optimizer_record(trainer.optimizer, mode),
+            "precision_contract": contract.record(),
             "representable_update": representable,
             "health": health,
             "dynamic_sampling": {
@@ -427,6 +464,8 @@ def run(
             "wall_time_s": round(time.time() - started, 3),
             "s_per_step": round(train_wall / max(1, trainer.state.global_step - resume_step), 4),
             "rewards": summary,
+            "sampler_gap": gap_summary(metrics),
+            "loss_scale": scaler_summary(metrics),
         }
         write_json(out_dir / "run.json", record)
         shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -451,6 +490,7 @@ def from_snakemake(smk) -> None:
         "mode": dict(smk.params.precision),
         "model": dict(smk.params.model),
         "seed": int(smk.wildcards.seed),
+        "repeat": int(getattr(smk.wildcards, "repeat", 1)),  # rule train_repeat (config repeats)
         "data_dir": str(Path(smk.input.train).parent),
         "base_dir": str(smk.input.base),
         "out_dir": str(Path(smk.output.run).parent),
@@ -468,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="config.yaml")
     parser.add_argument("--precision")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--repeat", type=int, default=1, help="k >= 2: repeat k of (precision, seed)")
     parser.add_argument("--data", default=str(paths.data_dir()))
     parser.add_argument("--base", default=str(paths.base_model_dir()))
     parser.add_argument("--out", default=None, help="default results/train/{precision}/seed{seed}")
@@ -486,9 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.precision is None or args.seed is None:
         parser.error("--precision and --seed are required (or --job)")
     config = load_config(args.config)
-    out = args.out or paths.train_dir(args.precision, args.seed)
-    ckpt = args.ckpt or paths.checkpoint_dir(args.precision, args.seed)
-    job = job_from_config(config, args.precision, args.seed, args.data, args.base, out, ckpt)
+    out = args.out or paths.train_dir(args.precision, args.seed, repeat=args.repeat)
+    ckpt = args.ckpt or paths.checkpoint_dir(args.precision, args.seed, repeat=args.repeat)
+    job = job_from_config(config, args.precision, args.seed, args.data, args.base, out, ckpt, args.repeat)
     run_or_launch(job, train_processes(config), args.threads)
     return 0
 

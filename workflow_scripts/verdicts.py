@@ -10,22 +10,34 @@ paired with the base by problem) must be significantly above 0 (one-sided t acro
 Otherwise every verdict is 'not testable: training did not improve the on-task score', because with
 no on-task gain "equal on-task change" and "larger off-task spread" say nothing about precision.
 
-r0 = ``variance_ratio_margin``; ratios are seed-variance components arm / reference from the mixed
-model (``variance_model``): CI = (1-alpha) profile interval, equivalence CI = (1-2 alpha), p = one-sided
-test of equal seed variances calibrated by a parametric bootstrap.
+r0 = ``variance_ratio_margin``; ratios are WHOLE seed variances arm / reference from the mixed model
+(``variance_model``: per task, across seeds, shared seed effect + seed x task effect, known eval noise
+held out): CI = (1-alpha) profile interval, equivalence CI = (1-2 alpha), p = one-sided test of equal
+whole seed variances calibrated by a parametric bootstrap.
 
 - H1 (on-task dJ) supported: the mean difference is equivalent (paired TOST, margin =
   ``mean_margin_fraction`` x the reference arm's gain) AND the equivalence CI of the ratio lies inside
   (1/r0, r0). Contradicted: the mean difference's (1-alpha) CI lies outside +-margin, or the ratio's
   CI lies outside [1/r0, r0]. Else inconclusive (with the equivalence power, seeds needed and MDE).
-- H2 (off-task dJ) supported: the ratio's CI lower bound exceeds 1 and the test rejects (p < alpha).
-  Contradicted: the CI's upper bound is below r0 (the ratio is shown to be < r0, or below 1). Else
+- H2 (off-task dJ) supported: the one-sided (1-alpha) lower bound of the ratio (the lower end of the
+  (1-2 alpha) profile interval) exceeds 1 and the bootstrap-calibrated test rejects (p < alpha): H2 is
+  directional ("larger in bf16"), so both are one-sided alpha tests, and the bootstrap keeps the
+  false-positive rate at alpha where the chi-square calibration of the profile bound alone is liberal
+  (few seeds). Contradicted: the (1-alpha) CI's upper bound is below r0 (no bootstrap calibrates this
+  side, so it keeps the two-sided interval: about alpha/2 nominal, at most alpha measured). Else
   inconclusive (with power at r0, seeds needed for it, and MDE).
 - H3 (KL k3): the H2 rule on the off-task KL; the on-task KL ratio is reported beside it (the
   hypothesis says on-task KL stays leashed).
 
-If the model fit failed for a comparison, the verdict falls back to the classical tests (BF for the
-test, the seed bootstrap CI for the bounds) and the reason says so.
+If the model fit failed for a comparison, the verdict falls back to the classical tests on the same
+unit (the per-task variance across seeds pooled over the role's tasks: BF on each seed's mean absolute
+deviation for the test, the seed bootstrap CI for the bounds) and the reason says so.
+
+Controls: a precision entry with ``control: negative`` (the reference under another name) or
+``control: positive`` (the reference with added update noise) is not a precision arm: it is left out
+of H1-H3 and judged in ``control_outcomes`` by the H2 rule on its off-task dJ, without the gate (the
+instrument is what is checked): a negative control passes iff that comparison is not 'supported', a
+positive control iff it is.
 """
 
 from __future__ import annotations
@@ -38,6 +50,17 @@ import numpy as np
 from scipy import stats as st
 
 NOT_TESTABLE = "the gate did not pass (no significant on-task gain in the reference arm)"
+SCOPES = {"H1": ("on_task", "dJ"), "H2": ("off_task", "dJ"), "H3": ("off_task", "kl")}  # (role, quantity)
+CONTROL_KINDS = ("negative", "positive")
+
+
+def control_arms(precisions: Mapping[str, Any]) -> dict[str, str]:
+    """{arm: negative | positive} from the config's precisions section (each entry's ``control``)."""
+    return {
+        p: str(spec["control"])
+        for p, spec in precisions.items()
+        if isinstance(spec, Mapping) and spec.get("control")
+    }
 
 
 def _f(x: Any, d: int = 3) -> str:
@@ -126,19 +149,30 @@ def _bounds(model: Mapping, classical: Mapping) -> tuple[list | None, list | Non
     return ci, ci, p, f"classical tests (mixed model failed: {why})"
 
 
+def _parts(model: Mapping) -> str:
+    """' (shared x, seed x task y)': the two parts' ratios, where the model separated them."""
+    parts = model.get("parts") or {}
+    if model.get("status") != "ok" or any(
+        (parts.get(k) or {}).get("status") != "ok" for k in ("shared", "task")
+    ):
+        return ""
+    return f" (shared {_f(parts['shared']['ratio'])}, seed x task {_f(parts['task']['ratio'])})"
+
+
 def verdict_variance(
     model: Mapping, classical: Mapping, power: Mapping | None, cfg: Mapping, what: str
 ) -> tuple[str, str]:
     """H2/H3 rule for one arm (see module docstring)."""
     alpha, r0 = float(cfg["alpha"]), float(cfg["variance_ratio_margin"])
-    ci, _, p, source = _bounds(model, classical)
+    ci, one_sided, p, source = _bounds(model, classical)
     ratio = model.get("ratio") if model.get("status") == "ok" else classical.get("ratio")
     pw = _power_text(power, equivalence=False)
     if ci is None or p is None:
         return "inconclusive", f"{what}: no variance comparison ({source}); {pw}"
-    nums = f"{what} seed-variance ratio {_f(ratio)} {_ci(ci)}, p={_f(p)} ({source})"
-    if ci[0] is not None and ci[0] > 1 and p < alpha:
-        return "supported", f"{nums}: CI above 1 and the test rejects; {pw}"
+    nums = (f"{what} whole seed-variance ratio {_f(ratio)} {_ci(ci)} (one-sided bound {_f(one_sided[0])}), "
+            f"p={_f(p)} ({source}){_parts(model)}")  # fmt: skip
+    if one_sided[0] is not None and one_sided[0] > 1 and p < alpha:
+        return "supported", f"{nums}: one-sided bound above 1 and the test rejects; {pw}"
     if ci[1] is not None and ci[1] < r0:
         return "contradicted", f"{nums}: CI below r0={_f(r0)}; {pw}"
     return "inconclusive", f"{nums}: neither above 1 with p < {alpha:g} nor below {_f(r0)}; {pw}"
@@ -160,7 +194,7 @@ def verdict_h1(
         f"margin ±{_f(margin)}, TOST p={_f(tost['p'])})"
     )
     ratio = model.get("ratio") if model.get("status") == "ok" else classical.get("ratio")
-    var_s = f"seed-variance ratio {_f(ratio)} {_ci(eq_ci)} ({source})"
+    var_s = f"whole seed-variance ratio {_f(ratio)} {_ci(eq_ci)} ({source})"
     if mean["ci_low"] > margin or mean["ci_high"] < -margin:
         return "contradicted", f"{mean_s}: the means differ by more than the margin; {var_s}; {pw}"
     if ci is not None and (ci[0] > r0 or ci[1] < 1 / r0):
@@ -175,7 +209,7 @@ def verdict_h1(
 def overall(per_arm: Mapping[str, Mapping]) -> tuple[str, str]:
     """One verdict over the non-reference arms: theirs when they agree, else inconclusive."""
     if not per_arm:
-        return "inconclusive", "no non-reference arm"
+        return "inconclusive", "no non-reference precision arm (controls are judged apart)"
     verdicts = {v["verdict"] for v in per_arm.values()}
     if len(verdicts) == 1:
         only = next(iter(per_arm.values()))
@@ -187,23 +221,28 @@ def overall(per_arm: Mapping[str, Mapping]) -> tuple[str, str]:
 
 RULES = {
     "H1": "on-task dJ: supported iff mean difference equivalent within mean_margin_fraction x the "
-    "reference gain (paired TOST) and the (1-2alpha) CI of the seed-variance ratio inside (1/r0, r0); "
-    "contradicted iff a (1-alpha) CI lies outside the margin; else inconclusive",
-    "H2": "off-task dJ: supported iff the (1-alpha) CI of the seed-variance ratio is above 1 and the "
-    "bootstrap-calibrated test rejects; contradicted iff the CI is below r0; else inconclusive",
+    "reference gain (paired TOST) and the (1-2alpha) CI of the whole seed-variance ratio inside (1/r0, "
+    "r0); contradicted iff a (1-alpha) CI lies outside the margin; else inconclusive",
+    "H2": "off-task dJ: supported iff the (1-alpha) CI of the whole seed-variance ratio (per task across "
+    "seeds, shared + seed x task, eval noise held out) is above 1 and the bootstrap-calibrated test "
+    "rejects; contradicted iff the CI is below r0; else inconclusive",
     "H3": "off-task KL k3: the H2 rule; the on-task KL ratio is reported beside it",
 }
 
 
 def decide(
-    gate_block: Mapping, by_role: Mapping[str, Mapping], arms: Sequence[str], cfg: Mapping
+    gate_block: Mapping,
+    by_role: Mapping[str, Mapping],
+    arms: Sequence[str],
+    cfg: Mapping,
+    controls: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """verdicts[H] = {verdict, reason, rule, by_arm{arm: {verdict, reason}}}."""
+    """verdicts[H] = {verdict, reason, rule, scope, by_arm{arm: {verdict, reason}}}; control arms left out."""
     out = {}
     on, off = by_role.get("on_task"), by_role.get("off_task")
     for h in ("H1", "H2", "H3"):
         per_arm = {}
-        for a in arms[1:]:
+        for a in (a for a in arms[1:] if a not in (controls or {})):
             scope = on if h == "H1" else off
             if not gate_block.get("passed"):
                 v, why = "not testable", f"{NOT_TESTABLE}: {gate_block.get('reason')}"
@@ -228,5 +267,54 @@ def decide(
                         why += f"; on-task KL ratio {_f(on_kl['ratio'])} {_ci(on_kl['ratio_ci'])}"
             per_arm[a] = {"verdict": v, "reason": why}
         v, why = overall(per_arm)
-        out[h] = {"verdict": v, "reason": why, "by_arm": per_arm, "rule": RULES[h]}
+        role, quantity = SCOPES[h]
+        scope = {"role": role, "quantity": quantity}
+        out[h] = {"verdict": v, "reason": why, "by_arm": per_arm, "rule": RULES[h], "scope": scope}
+    return out
+
+
+def control_outcomes(
+    by_role: Mapping[str, Mapping],
+    arms: Sequence[str],
+    controls: Mapping[str, str],
+    cfg: Mapping,
+    gate_block: Mapping,
+) -> dict[str, Any]:
+    """controls[arm] = {kind, expected, outcome, passed, reason, kl_outcome}: the H2 rule on the control's
+    off-task dJ vs the reference, without the gate (see module docstring); the H3-type outcome on KL is
+    reported beside it, not judged."""
+    out = {}
+    comps = (by_role.get("off_task") or {}).get("comparisons") or {}
+    for a, kind in controls.items():
+        expected = "not supported" if kind == "negative" else "supported"
+        block: dict[str, Any] = {"kind": kind, "expected": expected}
+        if kind not in CONTROL_KINDS:
+            out[a] = {
+                **block,
+                "passed": None,
+                "reason": f"unknown control kind {kind!r} (one of {CONTROL_KINDS})",
+            }
+            continue
+        if arms and a == arms[0]:
+            out[a] = {**block, "passed": None, "reason": "the reference arm cannot be its own control"}
+            continue
+        comp = comps.get(a)
+        if comp is None:
+            why = "no runs of this arm" if a not in arms else "no off-task tasks"
+            out[a] = {**block, "passed": None, "outcome": "not testable", "reason": why}
+            continue
+        v, why = verdict_variance(comp["dJ_model"], comp["dJ_var"], comp.get("dJ_power"), cfg, "off-task dJ")
+        kl_v, kl_why = verdict_variance(
+            comp["kl_model"], comp["kl_var"], comp.get("kl_power"), cfg, "off-task KL"
+        )
+        passed = (v != "supported") if kind == "negative" else (v == "supported")
+        out[a] = {
+            **block,
+            "outcome": v,
+            "passed": passed,
+            "reason": why,
+            "kl_outcome": kl_v,
+            "kl_reason": kl_why,
+            "gate_passed": bool(gate_block.get("passed")),
+        }
     return out

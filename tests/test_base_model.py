@@ -1,0 +1,90 @@
+"""The warm start's stopping rule (model.tiny.stop): a held-out train-side probe, checked every N steps."""
+
+import json
+
+import pytest
+from conftest import TEST_CONFIG, load_test_config
+
+from workflow_scripts import base_model
+from workflow_scripts.config import ConfigError, validate_config
+from workflow_scripts.rows import make_row
+
+
+def _rows() -> list:
+    rows = [
+        make_row(f"a{i}", "sft", "integer", f"{i}+1=", str(i + 1), {"family": "add_sub"}) for i in range(30)
+    ]
+    rows += [make_row(f"m{i}", "sft", "integer", f"{i}*2=", str(2 * i), {"family": "mul"}) for i in range(10)]
+    return rows + rows[:5]  # the pool repeats problems
+
+
+def test_the_probe_is_distinct_on_task_family_prompts_held_out_of_the_warm_start():
+    probe, rest = base_model.stop_probe(_rows(), "add_sub", 8)
+    assert len(probe) == 8 and len({r["prompt"] for r in probe}) == 8
+    assert {r["meta"]["family"] for r in probe} == {"add_sub"}
+    assert not {r["prompt"] for r in probe} & {r["prompt"] for r in rest}  # repeats removed too
+    assert len(rest) == len(_rows()) - 8 - 5  # a0..a4 occur twice and are in the probe
+
+
+@pytest.fixture()
+def valid_config() -> dict:
+    return validate_config(load_test_config(), source=str(TEST_CONFIG))
+
+
+def test_the_warm_start_ends_at_the_first_check_that_reaches_the_target(monkeypatch, valid_config):
+    from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama
+
+    scripted = iter([0.1, 0.3, 0.6, 0.9])
+    seen = []
+
+    def fake_correct(model, tokenizer, rows, task, n, temperature, **kw):
+        seen.append((len(rows), n, temperature))
+        value = next(scripted)
+        return [[i < value * len(rows)] for i in range(len(rows))]
+
+    monkeypatch.setattr(base_model, "correct_matrix", fake_correct)
+    tiny = {**valid_config["model"]["tiny"], "sft_steps": 40, "stop": {"greedy_accuracy": 0.5, "every": 3}}
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(len(tok), tiny, tok)
+    probe, pool = base_model.stop_probe(_rows(), "add_sub", 10)
+    losses, trace = base_model.warm_start(model, tok, pool, tiny, probe, {"max_new_tokens": 4})
+    assert len(losses) == 9 and trace == [[3, 0.1], [6, 0.3], [9, 0.6]]
+    assert seen == [(10, 1, 0.0)] * 3  # greedy, one sample per probe problem
+    assert not model.training
+
+
+def test_without_a_target_the_warm_start_runs_every_step(valid_config):
+    from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama
+
+    tiny = {**valid_config["model"]["tiny"], "sft_steps": 5, "stop": None}
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(len(tok), tiny, tok)
+    losses, trace = base_model.warm_start(model, tok, _rows(), tiny, None, None)
+    assert len(losses) == 5 and trace == []
+
+
+def test_base_json_records_the_rule_and_its_checks(tmp_path, valid_config):
+    from workflow_scripts.prepare_data import prepare
+
+    config = json.loads(json.dumps(valid_config))
+    config["model"]["tiny"].update(sft_steps=12, stop={"greedy_accuracy": 1.0, "every": 4, "probe_n": 6})
+    config = validate_config(config)
+    prepare(config["data"], tmp_path / "data")
+    record = base_model.build_base(config, tmp_path / "data", tmp_path / "base", tmp_path / "base.json", 1)
+    saved = json.loads((tmp_path / "base.json").read_text())
+    assert saved == json.loads(json.dumps(record))
+    assert saved["sft"]["stop"] == {"greedy_accuracy": 1.0, "every": 4, "probe_n": 6}
+    assert [s for s, _ in saved["sft"]["probe_trace"]] == [4, 8, 12]  # target not reached: all steps
+    assert saved["sft"]["steps"] == 12 and saved["sft"]["stopped_early"] is False
+
+
+@pytest.mark.parametrize(
+    "stop, key",
+    [({"every": 5}, "model.tiny.stop"), ({"greedy_accuracy": 0}, "model.tiny.stop.greedy_accuracy"),
+     ({"greedy_accuracy": 0.3, "steps": 4}, "model.tiny.stop.steps")],
+)  # fmt: skip
+def test_a_bad_stopping_rule_is_refused_naming_the_key(valid_config, stop, key):
+    config = json.loads(json.dumps(valid_config))
+    config["model"]["tiny"]["stop"] = stop
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(config, source="x.yaml")

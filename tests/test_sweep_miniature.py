@@ -1,0 +1,43 @@
+"""The sweep's per-task seed statistics: what the sizing of the default (noise budget) is judged by."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep_miniature", REPO / "bench" / "sweep_miniature.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_seed_statistics_set_the_across_seed_variance_against_the_mean_eval_noise(sweep):
+    dj, noise = [0.10, 0.14, 0.12, 0.08], [1e-4, 3e-4, 2e-4, 2e-4]
+    k3, k3_se = [0.2, 0.4, 0.3, 0.3], [0.01, 0.03, 0.02, 0.02]
+    per_seed = [
+        {"chain": {"summary": {"dJ": d, "eval_noise_var": v}, "kl": {"k3_mean": k, "k3_se": s}}}
+        for d, v, k, s in zip(dj, noise, k3, k3_se, strict=True)
+    ]
+    config = {"data": {"tasks": {"chain": {"role": "off_task"}}}}
+    got = sweep.seed_statistics(per_seed, config)["chain"]
+    assert got["dJ_mean"] == pytest.approx(0.11)
+    assert got["dJ_seed_var"] == pytest.approx(np.var(dj, ddof=1))
+    assert got["dJ_se"] == pytest.approx(np.std(dj, ddof=1) / 2)
+    assert got["dJ_noise_share"] == pytest.approx(2e-4 / np.var(dj, ddof=1))
+    assert got["k3_noise_var"] == pytest.approx(np.mean(np.square(k3_se)))
+    assert got["k3_noise_share"] == pytest.approx(np.mean(np.square(k3_se)) / np.var(k3, ddof=1))
+    assert got["role"] == "off_task"
+
+
+def test_nested_overrides_merge_and_replace(sweep):
+    base = {"model": {"tiny": {"sft_lr": 1e-3, "near_miss": {"rate": 0.5}}}, "seeds": [1, 2]}
+    out = sweep.merged(base, {"model": {"tiny": {"near_miss": {"families": ["mul"]}}}, "seeds": [3]})
+    assert out == {
+        "model": {"tiny": {"sft_lr": 1e-3, "near_miss": {"rate": 0.5, "families": ["mul"]}}},
+        "seeds": [3],
+    }
+    assert base["model"]["tiny"]["near_miss"] == {"rate": 0.5}  # the defaults are left alone
