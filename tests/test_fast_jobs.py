@@ -54,8 +54,9 @@ def build_fixture(root: Path) -> tuple[dict[str, Path], Path]:
 
 
 def canonical(samples: pd.DataFrame, summary: dict, kl: dict) -> list:
-    """(hash of every output value but timings, paths and the new reference_run key; pass@1; k1; k3)."""
-    drop = {"timing", "model_dir", "reference_run"}
+    """(hash of every output value but timings, paths and the keys the old rules did not write:
+    reference_run, bf16_matmul (the product path, recorded since); pass@1; k1; k3)."""
+    drop = {"timing", "model_dir", "reference_run", "bf16_matmul"}
     keep = [samples.to_dict(orient="list"), {k: v for k, v in summary.items() if k not in drop},
             {k: v for k, v in kl.items() if k not in drop}]  # fmt: skip
     digest = hashlib.sha256(json.dumps(keep, sort_keys=True, default=repr).encode()).hexdigest()[:16]

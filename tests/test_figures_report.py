@@ -366,7 +366,8 @@ def test_analysis_settings_rerun_only_the_analysis(finished_workflow):
 
 # ----------------------------------------------------------------------------- degenerate but legal tables
 
-SIX_ARMS = ("fp32", "fp32_drop", "bf16", "bf16_drop", "autocast", "autocast_drop")
+# config.factorial.yaml's arms: the six crossing storage, compute and dropout, and stochastic rounding
+SIX_ARMS = ("fp32", "fp32_drop", "bf16", "bf16_drop", "autocast", "autocast_drop", "bf16_sr")
 
 
 @pytest.fixture(scope="module")
@@ -397,7 +398,7 @@ def test_report_on_zero_spread_says_not_testable_and_shows_n_a_not_nan(flat_data
 
 @pytest.mark.slow
 def test_analysis_rules_on_a_flat_six_arm_two_seed_table(tmp_path):
-    """The few-step factorial case through snakemake: 6 arms (autocast names) x 2 seeds x 2 tasks, every
+    """The few-step factorial case through snakemake: its 7 arms (autocast names) x 2 seeds x 2 tasks, every
     dJ and KL exactly 0, no eval noise, no weight changed: stats.json, every figure and report.md."""
     import yaml
     from conftest import load_test_config, make_workflow_dir, run_snakemake

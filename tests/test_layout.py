@@ -1,4 +1,4 @@
-"""The package's architecture, kept by tests: no import cycles, every subpackage says what it owns."""
+"""The package's architecture, kept by a test: no import cycles (lazy imports inside functions count)."""
 
 import ast
 from pathlib import Path
@@ -65,9 +65,3 @@ def test_the_package_has_no_import_cycles():
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
-
-def test_every_subpackage_says_what_it_owns_and_imports_nothing():
-    for init in sorted(PACKAGE_DIR.glob("*/__init__.py")):
-        tree = ast.parse(init.read_text(encoding="utf-8"))
-        assert (ast.get_docstring(tree) or "").strip(), f"{init}: no docstring saying what it owns"
-        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)], init

@@ -11,7 +11,7 @@ noise = 1/3 of the reference's observed across-seed variance): a null, and the t
 in the seed x task part, or in both). Rates are checked against binomial bounds stated where they are
 used; all simulations are seeded. ``test_an_analysis_that_always_says_*`` prove the checks have teeth.
 Run alone with OMP_NUM_THREADS=1: the calibration block (700 simulated tables) takes ~30 s on a busy 2-core
-machine, the whole file ~45 s (24 s of CPU); ``-m slow`` runs larger versions (5x the tables: ~6 min).
+machine, the whole file ~45 s (24 s of CPU); ``pytest -m extended`` runs the 5x version (~2-6 min).
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def test_the_false_positive_bound_is_meaningful():
         check_at_most(np.arange(N_NULL) < 0.12 * N_NULL, ALPHA, "false positives")
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # the same checks at 5x the tables (~2 min): `pytest -m extended`, not in CI's run
 def test_calibration_with_five_times_more_tables():
     check_all(simulations(5 * N_NULL, 5 * N_ALT))
 

@@ -55,7 +55,8 @@ HYPOTHESES = {  # the role and quantity each one tests come from stats.json (ver
 RATIO_NOTE = (
     "Ratio = whole seed variance arm / reference of the mixed model (each task's variance across seeds "
     "that training causes: the seed effect shared by the role's tasks plus the seed x task effect, the "
-    "known eval noise held out; dJ for H1/H2, KL k3 for H3) with its 95% profile interval"
+    "known eval noise held out; dJ for H1/H2, KL k3 for H3) with its (1-alpha) profile interval (H2 and "
+    "H3 are decided on the interval's one-sided bound at alpha, the lower end of the (1-2 alpha) interval)"
 )
 
 

@@ -223,9 +223,10 @@ RULES = {
     "H1": "on-task dJ: supported iff mean difference equivalent within mean_margin_fraction x the "
     "reference gain (paired TOST) and the (1-2alpha) CI of the whole seed-variance ratio inside (1/r0, "
     "r0); contradicted iff a (1-alpha) CI lies outside the margin; else inconclusive",
-    "H2": "off-task dJ: supported iff the (1-alpha) CI of the whole seed-variance ratio (per task across "
-    "seeds, shared + seed x task, eval noise held out) is above 1 and the bootstrap-calibrated test "
-    "rejects; contradicted iff the CI is below r0; else inconclusive",
+    "H2": "off-task dJ: supported iff the one-sided (1-alpha) lower bound of the whole seed-variance "
+    "ratio (per task across seeds, shared + seed x task, eval noise held out) is above 1 and the "
+    "bootstrap-calibrated one-sided test rejects at alpha; contradicted iff the (1-alpha) CI is below r0; "
+    "else inconclusive",
     "H3": "off-task KL k3: the H2 rule; the on-task KL ratio is reported beside it",
 }
 
