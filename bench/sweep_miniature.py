@@ -287,16 +287,18 @@ def table(results: list[dict]) -> str:
         ]
         for r in multi:
             for t, v in r["stats"].items():
-                share = v["dJ_noise_share"]
-                kshare = v["k3_noise_share"]
-                lines.append(
-                    f"| {r['name']} | {t} | {v['role']} | {v['dJ_mean']:+.4f} ± {v['dJ_se']:.4f} | "
-                    f"{v['dJ_seed_var']:.2e} | {v['dJ_noise_var']:.2e} | "
-                    f"{share:.2f} | {v['k3_mean']:.3f} | {v['k3_seed_var']:.2e} | {v['k3_noise_var']:.2e} | "
-                    + (f"{kshare:.2f}" if kshare is not None else "-")
-                    + " |"
-                )
+                lines.append(f"| {r['name']} | {t} | {v['role']} | {_stat_cells(v)} |")
     return "\n".join(lines)
+
+
+def _stat_cells(v: dict) -> str:
+    """A task's seed statistics as table cells: dJ mean ± SE, seed and noise variance, share; KL too."""
+    kshare = v["k3_noise_share"]
+    return (
+        f"{v['dJ_mean']:+.4f} ± {v['dJ_se']:.4f} | {v['dJ_seed_var']:.2e} | {v['dJ_noise_var']:.2e} | "
+        f"{v['dJ_noise_share']:.2f} | {v['k3_mean']:.3f} | {v['k3_seed_var']:.2e} | "
+        f"{v['k3_noise_var']:.2e} | " + (f"{kshare:.2f}" if kshare is not None else "-")
+    )
 
 
 def workflow_results(results: Path) -> str:
@@ -323,15 +325,7 @@ def workflow_results(results: Path) -> str:
             )
         for task, v in seed_statistics(per_seed, config).items():
             base_j = per_seed[0][task]["summary"]["base_pass_at_1"]
-            kshare = v["k3_noise_share"]
-            lines.append(
-                f"| {precision} | {task} | {v['role']} | {base_j:.3f} | "
-                f"{v['dJ_mean']:+.4f} ± {v['dJ_se']:.4f} | "
-                f"{v['dJ_seed_var']:.2e} | {v['dJ_noise_var']:.2e} | {v['dJ_noise_share']:.2f} | "
-                f"{v['k3_mean']:.3f} | {v['k3_seed_var']:.2e} | {v['k3_noise_var']:.2e} | "
-                + (f"{kshare:.2f}" if kshare is not None else "-")
-                + " |"
-            )
+            lines.append(f"| {precision} | {task} | {v['role']} | {base_j:.3f} | {_stat_cells(v)} |")
     return "\n".join(lines)
 
 
