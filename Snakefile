@@ -16,6 +16,7 @@ include: "rules/base_model.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/sparsity.smk"
+include: "rules/overlap.smk"
 include: "rules/analysis.smk"
 
 

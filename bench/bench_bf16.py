@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_train import ensure_base
 
-    from workflow_scripts.config import load_config
+    from workflow_scripts.runtime.config import load_config
 
     config = load_config(args.config, check_files=False)
     jobs = {"fp32": (args.fp32, None), "bf16 native": (args.bf16, "native"),

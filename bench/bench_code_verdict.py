@@ -27,7 +27,7 @@ OLD_COMMIT = "a8ce4c0"
 _WORKER = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from workflow_scripts.verifiers import verify_one
+from workflow_scripts.verify.verifiers import verify_one
 row = json.loads(open(sys.argv[2]).readline())
 meta = {"test": row["test"], "entry_point": row["entry_point"]}
 args = ("code", row["canonical_solution"], "", meta)

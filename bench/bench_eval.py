@@ -46,9 +46,14 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from workflow_scripts.generation import NEUTRAL_GENERATION, sample_completions, stop_token_ids  # noqa: E402
-from workflow_scripts.kl import estimate_kl  # noqa: E402
-from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer  # noqa: E402
+from workflow_scripts.measures.kl import estimate_kl  # noqa: E402
+from workflow_scripts.models.generation import NEUTRAL_GENERATION, sample_completions, stop_token_ids  # noqa: E402
+from workflow_scripts.models.modeling import (  # noqa: E402
+    build_char_tokenizer,
+    build_tiny_llama,
+    load_model,
+    load_tokenizer,
+)
 
 TINY = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 512,
         "max_position_embeddings": 128, "seed": 0}  # fmt: skip
@@ -151,8 +156,8 @@ def bench_jobs(old_root: Path, config_path: Path, run: str) -> int:
     """Evaluation + KL seconds of one run on every task: separate jobs (old_root) vs merged (this repo)."""
     import yaml
 
-    from workflow_scripts.config import load_config
     from workflow_scripts.prepare_data import prepare
+    from workflow_scripts.runtime.config import load_config
 
     config = yaml.safe_load(config_path.read_text())
     # The old checkout validates with its own schema: it reads its own config.yaml, which must evaluate

@@ -10,7 +10,7 @@ Usage: .venv/bin/python bench/bench_imports.py [--stages evaluate train ...] [--
 ``--baseline`` also imports the package from another checkout (e.g. a worktree of a8ce4c0), alternating
 with this one stage by stage, so both columns see the same machine load.
 
-``--gc`` measures instead what ``workflow_scripts/startup.py`` saves: per stage, the import and the
+``--gc`` measures instead what ``workflow_scripts/runtime/startup.py`` saves: per stage, the import and the
 interpreter-exit seconds of a job process (the collector paused during imports, objects frozen before
 exit) against a plain process (Python's default collector), alternating, median of ``--repeats``.
 """
@@ -65,7 +65,7 @@ GC_PROBE = """
 import time; t0 = time.perf_counter()
 {define}
 import workflow_scripts.{stage}
-from workflow_scripts import startup
+from workflow_scripts.runtime import startup
 startup.imports_done()
 t1 = time.perf_counter()
 startup.before_exit()

@@ -1,4 +1,4 @@
-"""Does a job keep its speed next to a CPU-bound neighbour? (thread control: workflow_scripts/threads.py)
+"""Does a job keep its speed next to a CPU-bound neighbour? (thread control: runtime/threads.py)
 
 A training-like job (forward + backward + AdamW steps of the tiny default Llama, batch 16 x 48 tokens)
 runs in a fresh process set up as a Snakemake job is (``threads.limit_threads(1)``: one thread in every
@@ -27,11 +27,11 @@ JOB = """
 import sys, time
 controlled = sys.argv[2] == "1"
 if controlled:
-    from workflow_scripts import threads
+    from workflow_scripts.runtime import threads
 import torch
 if controlled:
     threads.limit_threads(1)
-from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama
+from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
 tok = build_char_tokenizer()
 model = build_tiny_llama(len(tok), {"hidden_size": 128, "num_layers": 4, "num_heads": 4,
                                     "intermediate_size": 512, "max_position_embeddings": 128, "seed": 0}, tok)

@@ -43,8 +43,8 @@ def profile(spec: dict) -> dict:
     import torch
     from trl import GRPOTrainer
 
-    from workflow_scripts import metrics_callback, train_health
-    from workflow_scripts.grpo_config import gate_vllm
+    from workflow_scripts.training import metrics_callback, train_health
+    from workflow_scripts.training.grpo_config import gate_vllm
 
     gate_vllm(False)
     timers: dict[str, float] = {}
@@ -92,7 +92,7 @@ def profile(spec: dict) -> dict:
 def worker(kind: str, spec: dict) -> dict:
     import torch
 
-    from workflow_scripts.grpo_config import gate_vllm
+    from workflow_scripts.training.grpo_config import gate_vllm
 
     gate_vllm(False)
     config = spec["config"]
@@ -117,11 +117,11 @@ def worker(kind: str, spec: dict) -> dict:
     # the bare script: GRPOTrainer, same config and reward, nothing of ours around it
     from trl import GRPOTrainer
 
-    from workflow_scripts.grpo_config import grpo_config, reward_functions
-    from workflow_scripts.modeling import load_model, load_tokenizer
-    from workflow_scripts.precision import apply_determinism, mode_from_config
-    from workflow_scripts.rows import read_rows
+    from workflow_scripts.models.modeling import load_model, load_tokenizer
+    from workflow_scripts.tasks.rows import read_rows
     from workflow_scripts.train import _train_dataset
+    from workflow_scripts.training.grpo_config import grpo_config, reward_functions
+    from workflow_scripts.training.precision import apply_determinism, mode_from_config
 
     torch.set_num_threads(1)
     mode = mode_from_config(config, spec["precision"])
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
 
-    from workflow_scripts.config import load_config
+    from workflow_scripts.runtime.config import load_config
 
     config = load_config(args.config, check_files=False)
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmpdir:

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workflow_scripts.verifiers import verify_one  # noqa: E402
+from workflow_scripts.verify.verifiers import verify_one  # noqa: E402
 
 REASONING = (
     "Let us set up the problem. We have 12 apples and buy 35 more, so 12 + 35 = 47. Then we check the "

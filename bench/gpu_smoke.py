@@ -58,10 +58,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_default import rule_totals  # noqa: E402
 
-from workflow_scripts import paths  # noqa: E402
-from workflow_scripts.atomic import write_json  # noqa: E402
-from workflow_scripts.config import load_config  # noqa: E402
-from workflow_scripts.metrics_log import read_metrics, rollout_rows  # noqa: E402
+from workflow_scripts.runtime import paths  # noqa: E402
+from workflow_scripts.runtime.atomic import write_json  # noqa: E402
+from workflow_scripts.runtime.config import load_config  # noqa: E402
+from workflow_scripts.training.metrics_log import read_metrics, rollout_rows  # noqa: E402
 
 PASS, FAIL, NA = "pass", "fail", "not applicable on CPU"
 TIME_BUDGET_S = 480.0
@@ -148,7 +148,7 @@ def arm_checks(report: Report, config: dict, res: Path) -> None:
             return ok, {"requested": rec["train"]["use_vllm"], "rollout_dtype": want, **vllm}
 
         def vllm_seed_check(record=record):
-            from workflow_scripts.grpo_trainer import vllm_seed
+            from workflow_scripts.training.grpo_trainer import vllm_seed
 
             got, want = (record().get("vllm") or {}).get("seed"), vllm_seed(seed, 0)
             return got == want, {"engine": got, "expected": want}
@@ -317,7 +317,7 @@ def resume_check(
     config_path: Path, config: dict, res: Path, scratch: Path, timeout: int
 ) -> tuple[bool, dict]:
     """Kill a fresh run of the fp32 arm right after its first checkpoint, resume it, compare weights."""
-    from workflow_scripts.grpo_config import save_steps
+    from workflow_scripts.training.grpo_config import save_steps
 
     arm = resume_arm(config)
     if arm is None:
@@ -363,8 +363,8 @@ def resume_check(
 
 def train_child(args: argparse.Namespace) -> int:
     """One training run of the workflow's train stage (same config, same threads as its job)."""
-    from workflow_scripts.resources import job_threads
-    from workflow_scripts.threads import limit_threads
+    from workflow_scripts.runtime.resources import job_threads
+    from workflow_scripts.runtime.threads import limit_threads
 
     config = load_config(args.config)
     threads = job_threads(config, "train")
@@ -395,7 +395,7 @@ def train_child(args: argparse.Namespace) -> int:
 def hf_reeval(config: dict, res: Path, scratch: Path) -> dict:
     """The on-task evaluation of the fp32 arm's run again, with the HF sampler, into ``scratch``."""
     from workflow_scripts import evaluate
-    from workflow_scripts.resources import job_threads
+    from workflow_scripts.runtime.resources import job_threads
 
     arm = resume_arm(config) or next(iter(config["precisions"]))
     run = paths.run_name(arm, config["seeds"][0])

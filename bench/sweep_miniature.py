@@ -31,10 +31,11 @@ import numpy as np
 import torch
 import yaml
 
-from workflow_scripts import base_model, evaluate, paths, prepare_data, train
-from workflow_scripts.config import validate_config
-from workflow_scripts.modeling import load_model, load_tokenizer
-from workflow_scripts.rows import read_rows
+from workflow_scripts import base_model, evaluate, prepare_data, train
+from workflow_scripts.models.modeling import load_model, load_tokenizer
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.config import validate_config
+from workflow_scripts.tasks.rows import read_rows
 
 log = logging.getLogger("sweep")
 

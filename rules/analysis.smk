@@ -1,11 +1,11 @@
-# analysis: aggregate (tidy tables) -> analysis_stats (gate, mixed model, H1-H3) -> analysis_figures ->
-# analysis_report. Each rule's script: is its stage module (workflow_scripts/aggregate.py, stats.py,
+# analysis: aggregate (tidy tables) -> stats (gate, mixed model, H1-H3) -> figures ->
+# report. Each rule's script: is its stage module (workflow_scripts/aggregate.py, stats.py,
 # figures.py, report.py: run / from_snakemake / main). Inputs are the upstream rules' declared outputs.
 # params: aggregate gets the task roles, precision order and each arm's base run only, so changing
 # `analysis:` reruns the statistics, figures and report but never the aggregation. The figures are the
-# entries of workflow_scripts/figure_list.py (one output and one caption file each).
+# entries of workflow_scripts/plots/figure_list.py (one output and one caption file each).
 
-from workflow_scripts.figure_list import FIGURES, caption_file
+from workflow_scripts.plots.figure_list import FIGURES, caption_file
 
 ANALYSIS = str(paths.analysis_dir())
 TASK_ROLES = {task: spec["role"] for task, spec in config["data"]["tasks"].items()}
@@ -46,7 +46,7 @@ rule aggregate:
         "../workflow_scripts/aggregate.py"
 
 
-rule analysis_stats:
+rule stats:
     input:
         metrics=rules.aggregate.output.metrics,
     output:
@@ -56,49 +56,49 @@ rule analysis_stats:
         precisions=config["precisions"],  # arm order and each arm's `control` label
         code=code("stats"),
     log:
-        "logs/analysis_stats/analysis_stats.log",
+        "logs/stats/stats.log",
     benchmark:
-        "benchmarks/analysis_stats/analysis_stats.tsv"
+        "benchmarks/stats/stats.tsv"
     conda:
         "../envs/analysis.yaml"
-    threads: job_threads("analysis_stats")
+    threads: job_threads("stats")
     resources:
-        **job_resources("analysis_stats"),
+        **job_resources("stats"),
     script:
         "../workflow_scripts/stats.py"
 
 
-rule analysis_figures:
+rule figures:
     input:
         metrics=rules.aggregate.output.metrics,
         curves=rules.aggregate.output.curves,
         sparsity=rules.aggregate.output.sparsity,
         overlap=rules.aggregate.output.overlap,
-        stats=rules.analysis_stats.output.stats,
+        stats=rules.stats.output.stats,
     output:
         **FIGURE_OUTPUTS,
     params:
         precisions=PRECISIONS,
         code=code("figures"),
     log:
-        "logs/analysis_figures/analysis_figures.log",
+        "logs/figures/figures.log",
     benchmark:
-        "benchmarks/analysis_figures/analysis_figures.tsv"
+        "benchmarks/figures/figures.tsv"
     conda:
         "../envs/analysis.yaml"
-    threads: job_threads("analysis_figures")
+    threads: job_threads("figures")
     resources:
-        **job_resources("analysis_figures"),
+        **job_resources("figures"),
     script:
         "../workflow_scripts/figures.py"
 
 
-rule analysis_report:
+rule report:
     input:
-        stats=rules.analysis_stats.output.stats,
+        stats=rules.stats.output.stats,
         metrics=rules.aggregate.output.metrics,
         overlap=rules.aggregate.output.overlap,
-        figures=rules.analysis_figures.output,
+        figures=rules.figures.output,
         base=rules.base_model.output.record,  # numerics provenance of every record
         runs=expand(rules.train.output.run, precision=PRECISIONS, seed=SEEDS),
     output:
@@ -108,13 +108,13 @@ rule analysis_report:
         precisions=PRECISIONS,
         code=code("report"),
     log:
-        "logs/analysis_report/analysis_report.log",
+        "logs/report/report.log",
     benchmark:
-        "benchmarks/analysis_report/analysis_report.tsv"
+        "benchmarks/report/report.tsv"
     conda:
         "../envs/analysis.yaml"
-    threads: job_threads("analysis_report")
+    threads: job_threads("report")
     resources:
-        **job_resources("analysis_report"),
+        **job_resources("report"),
     script:
         "../workflow_scripts/report.py"

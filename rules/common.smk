@@ -1,15 +1,15 @@
 # Everything that is not a rule: the config (which file, validation), run names, wildcard
-# constraints, code versions. Paths and run names come from workflow_scripts/paths.py, config rules
-# from workflow_scripts/config.py; nothing here re-implements them.
+# constraints, code versions. Paths and run names come from workflow_scripts/runtime/paths.py, config rules
+# from workflow_scripts/runtime/config.py; nothing here re-implements them.
 import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from workflow_scripts import paths
-from workflow_scripts.codehash import code_version
-from workflow_scripts.config import ConfigError, workflow_config
-from workflow_scripts.resources import job_threads as _job_threads, snakemake_resources, train_processes
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.codehash import code_version
+from workflow_scripts.runtime.config import ConfigError, workflow_config
+from workflow_scripts.runtime.resources import job_threads as _job_threads, snakemake_resources, train_processes
 
 # `--configfile X` means X alone: the Snakefile declares no `configfile:`, so config.yaml is read only
 # when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml).
@@ -54,7 +54,7 @@ def code(stage):
 
 
 # -------------------------------------------- what each job asks for (config `resources:`, per rule)
-# The rules' only source of threads, GPUs and memory (workflow_scripts/resources.py): no rule holds a
+# The rules' only source of threads, GPUs and memory (workflow_scripts/runtime/resources.py): no rule holds a
 # count, and the SLURM profile adds only cluster matters (partition, runtime, one node).
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,37 @@ def planned_jobs(workdir: Path, *targets: str) -> dict[str, int]:
     return jobs
 
 
+def rule_stages(workdir: Path) -> dict[str, str]:
+    """Rule -> the stage module its `script:` names (rules/*.smk)."""
+    stages = {}
+    for smk in sorted((workdir / "rules").glob("*.smk")):
+        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
+            name = block.split(":", 1)[0].strip()
+            script = re.search(r'script:\s*\n\s*"\.\./workflow_scripts/(\w+)\.py"', block)
+            if script:
+                stages[name] = script.group(1)
+    return stages
+
+
+def placeholder_outputs(wf: Path) -> None:
+    """An empty file (or folder, for directory() outputs) for every output the workflow would write."""
+    proc = run_snakemake(wf, "--summary", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for line in proc.stdout.splitlines()[1:]:
+        path = wf / line.split("\t")[0]
+        if "." in path.name:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.mkdir(parents=True, exist_ok=True)  # model folders
+
+
+def mark_done(wf: Path) -> None:
+    """Record every output as up to date (params, code versions) without running a job."""
+    proc = run_snakemake(wf, "--touch", "--forceall", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def set_key(config_path: Path, dotted: str, value) -> None:
     """Change one key of a workflow dir's config.yaml in place."""
     cfg = yaml.safe_load(config_path.read_text())
@@ -96,7 +128,7 @@ def set_key(config_path: Path, dotted: str, value) -> None:
 
 
 def _one_digit_rows(n: int | None = None):
-    from workflow_scripts.rows import make_row
+    from workflow_scripts.tasks.rows import make_row
 
     rows = [
         make_row(f"d{a}{b}", "train", "integer", f"{a}+{b}=", a + b, {"family": "one_digit"})
@@ -117,9 +149,9 @@ def tiny_base(tmp_path_factory) -> dict:
     runs cross epoch boundaries (resume must restore the data order there too).
     """
     from workflow_scripts.base_model import build_base
-    from workflow_scripts.config import validate_config
     from workflow_scripts.prepare_data import prepare
-    from workflow_scripts.rows import write_rows
+    from workflow_scripts.runtime.config import validate_config
+    from workflow_scripts.tasks.rows import write_rows
 
     root = tmp_path_factory.mktemp("tiny_base")
     config = validate_config(load_test_config(), source=str(TEST_CONFIG))

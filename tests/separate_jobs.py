@@ -16,8 +16,10 @@ import os
 import pandas as pd
 
 from workflow_scripts import evaluate
-from workflow_scripts.modeling import load_tokenizer
-from workflow_scripts.rows import read_rows
+from workflow_scripts.measures.eval_summary import finite, summarize
+from workflow_scripts.models.loading import load_run_model
+from workflow_scripts.models.modeling import load_tokenizer
+from workflow_scripts.tasks.rows import read_rows
 
 
 def evaluate_job(
@@ -36,7 +38,7 @@ def evaluate_job(
         model_dir, [r["prompt"] for r in rows], eval_cfg, task_cfg["max_new_tokens"], seed
     )
     samples = evaluate.score(rows, completions, task_cfg["kind"], eval_cfg, run=run, task=task)
-    summary = evaluate.summarize(samples, eval_cfg["n_samples"], base_samples)
+    summary = summarize(samples, eval_cfg["n_samples"], base_samples)
     summary.update(
         run=run,
         task=task,
@@ -52,7 +54,7 @@ def evaluate_job(
             "n_samples": eval_cfg["n_samples"],
         },
     )
-    return samples, evaluate._finite(summary)
+    return samples, finite(summary)
 
 
 def kl_job(
@@ -67,12 +69,10 @@ def kl_job(
     """The old ``kl`` rule: policy and reference loaded separately, each in the dtype it was saved in."""
     rows = read_rows(data)
     tokenizer = load_tokenizer(policy_dir)
-    policy, policy_dtype = evaluate.load_run_model(policy_dir)
-    reference, reference_dtype = evaluate.load_run_model(
-        reference_dir
-    )  # a separate object, even base vs base
+    policy, policy_dtype = load_run_model(policy_dir)
+    reference, reference_dtype = load_run_model(reference_dir)  # a separate object, even base vs base
     kl = evaluate.measure_kl(
         policy, reference, tokenizer, rows, eval_cfg, task_cfg["max_new_tokens"], run, task
     )
     kl.update(policy_dtype=policy_dtype, reference_dtype=reference_dtype)
-    return evaluate._finite(kl)
+    return finite(kl)

@@ -520,7 +520,7 @@ def test_the_aggregate_stage_imports_neither_torch_nor_transformers():
     import sys
 
     code = (
-        "import sys, workflow_scripts.aggregate, workflow_scripts.metrics_log as m; "
+        "import sys, workflow_scripts.aggregate, workflow_scripts.training.metrics_log as m; "
         "assert m.read_metrics and m.rollout_rows and m.reward_summary; "
         "print(sorted({n.split('.')[0] for n in sys.modules} & {'torch', 'transformers', 'trl'}))"
     )

@@ -6,8 +6,8 @@ import pytest
 from conftest import TEST_CONFIG, load_test_config
 
 from workflow_scripts import base_model
-from workflow_scripts.config import ConfigError, validate_config
-from workflow_scripts.rows import make_row
+from workflow_scripts.runtime.config import ConfigError, validate_config
+from workflow_scripts.tasks.rows import make_row
 
 
 def _rows() -> list:
@@ -32,7 +32,7 @@ def valid_config() -> dict:
 
 
 def test_the_warm_start_ends_at_the_first_check_that_reaches_the_target(monkeypatch, valid_config):
-    from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama
+    from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
 
     scripted = iter([0.1, 0.3, 0.6, 0.9])
     seen = []
@@ -54,7 +54,7 @@ def test_the_warm_start_ends_at_the_first_check_that_reaches_the_target(monkeypa
 
 
 def test_without_a_target_the_warm_start_runs_every_step(valid_config):
-    from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama
+    from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
 
     tiny = {**valid_config["model"]["tiny"], "sft_steps": 5, "stop": None}
     tok = build_char_tokenizer()

@@ -15,24 +15,24 @@ import pandas as pd
 import pytest
 import torch
 
-from workflow_scripts import passk
 from workflow_scripts.evaluate import (
     SAMPLE_COLUMNS,
     derive_seed,
     generate,
     kl_prompt_indices,
     score,
-    summarize,
 )
 from workflow_scripts.evaluate import run as evaluate
-from workflow_scripts.generation import (
+from workflow_scripts.measures import passk
+from workflow_scripts.measures.eval_summary import summarize
+from workflow_scripts.models.generation import (
     Completion,
     bounded_batch_size,
     generation_bytes_per_sequence,
     sample_completions,
 )
-from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama
-from workflow_scripts.rows import make_row, write_rows
+from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
+from workflow_scripts.tasks.rows import make_row, write_rows
 
 torch.set_num_threads(1)
 
@@ -270,7 +270,7 @@ def test_hf_path_never_imports_vllm(tiny, tmp_path, monkeypatch):
 
 
 def test_vllm_backend_without_vllm_names_the_config_key(tiny, tmp_path, monkeypatch):
-    from workflow_scripts.vllm_backend import BackendError
+    from workflow_scripts.models.vllm_backend import BackendError
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     model, tok = tiny

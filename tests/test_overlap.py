@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from workflow_scripts import checkpoint_io
 from workflow_scripts import overlap as ov
 from workflow_scripts import sparsity as sp
+from workflow_scripts.measures import checkpoint_io
 
 
 def save(path: Path, tensors: dict[str, torch.Tensor]) -> Path:

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from workflow_scripts import sparsity as sp
-from workflow_scripts import sparsity_kernel as kernel
-from workflow_scripts.checkpoint_io import TensorMismatchError as Mismatch
+from workflow_scripts.measures import sparsity_kernel as kernel
+from workflow_scripts.measures.checkpoint_io import TensorMismatchError as Mismatch
 
 NAN, INF = math.nan, math.inf
 E10 = 2.0**-10  # a dyadic eta: boundary values are exact in float32

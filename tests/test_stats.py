@@ -4,8 +4,8 @@ detection rate, the gate, controls, noise shares, diverged runs, and graceful de
 tables.
 
 The H2/H3 statistic compares the whole seed variance of a task (shared seed effect + seed x task effect,
-known eval noise held out). Its calibration draws tables from ``workflow_scripts.simulation`` at the
-default's size (8 seeds per arm, 4 off-task tasks) with the eval noise of the noise budget (issue 22:
+known eval noise held out). Its calibration draws tables from ``workflow_scripts.statistics.simulation`` at
+the default's size (8 seeds per arm, 4 off-task tasks) with the eval noise of the noise budget (issue 22:
 noise = 1/3 of the reference's observed across-seed variance): a null, and the three alternatives of
 ``simulation.STRUCTURES`` (the whole seed variance 9x the reference's, the increase in the shared part,
 in the seed x task part, or in both). Rates are checked against binomial bounds stated where they are
@@ -25,7 +25,8 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from workflow_scripts import power, simulation, stat_tests, stats, variance_model, verdicts
+from workflow_scripts import stats
+from workflow_scripts.statistics import power, scopes, simulation, stat_tests, variance_model, verdicts
 
 ALPHA = 0.05
 ARMS = ["fp32", "bf16"]
@@ -85,13 +86,13 @@ def check_coverage(covered: np.ndarray, level: float = 0.95) -> None:
 def _role(table: pd.DataFrame, role: str, rows: pd.DataFrame | None = None, quantity: str = "dJ") -> dict:
     rows = stats._prepare(table, [])[0] if rows is None else rows
     tasks = sorted(rows.loc[rows["role"] == role, "task"].unique())
-    return stats.model_scope(rows, tasks, ARMS, quantity, CFG, role, None)
+    return scopes.model_scope(rows, tasks, ARMS, quantity, CFG, role, None)
 
 
 def _h1_block(table: pd.DataFrame) -> tuple[dict, dict]:
     """(mean comparison, model comparison) of on-task dJ, margin = 25% of the reference gain."""
     rows, _, _, _ = stats._prepare(table, [])
-    units = stats._units(rows, ["on0"])
+    units = scopes.units(rows, ["on0"])
     ref, x = (units[units["precision"] == a].sort_values("seed")["y"].to_numpy() for a in ARMS)
     mean = stat_tests.compare_means(x, ref, (x, ref), ALPHA, 0.25 * ref.mean())
     return mean, _role(table, "on_task", rows)
@@ -333,7 +334,7 @@ def _fits(
     """(arm fit, reference fit, floor) of one role's dJ."""
     rows = stats._prepare(table, [])[0]
     tasks = sorted(rows.loc[rows["role"] == role, "task"].unique())
-    datas = {a: stats._matrix(rows, a, tasks, "dJ", "noise") for a in ARMS}
+    datas = {a: scopes.arm_data_of(rows, a, tasks, "dJ", "noise") for a in ARMS}
     scale = variance_model.scale_of(*datas.values())
     grid, floor = variance_model.Grid.around(scale), scale * 1e-12
     fr, fa = (variance_model.fit_arm(datas[a], grid, floor) for a in ARMS)
@@ -468,7 +469,7 @@ def test_the_classical_fallback_sees_task_specific_seed_variance():
     for _ in range(40):
         rows = stats._prepare(calibration_table(rng, "task"), [])[0]
         tasks = sorted(rows.loc[rows["role"] == "off_task", "task"].unique())
-        comp = stats.classical_scope(rows, tasks, ARMS, CFG, "fallback", 0.01)["comparisons"]["bf16"]
+        comp = scopes.classical_scope(rows, tasks, ARMS, CFG, "fallback", 0.01)["comparisons"]["bf16"]
         failed = {"status": "failed", "reason": "simulated failure"}
         v, why = verdicts.verdict_variance(failed, comp["dJ_var"], None, CFG, "off-task dJ")
         hits.append(v == "supported")

@@ -18,9 +18,9 @@ import torch
 from conftest import REPO, bit_identical, load_test_config, make_workflow_dir, run_snakemake
 from safetensors.torch import load_file
 
-from workflow_scripts.checkpoints import latest_complete_checkpoint
-from workflow_scripts.metrics_log import KL_KEYS, ROLLOUT_KEYS, read_metrics
 from workflow_scripts.train import train_run
+from workflow_scripts.training.checkpoints import latest_complete_checkpoint
+from workflow_scripts.training.metrics_log import KL_KEYS, ROLLOUT_KEYS, read_metrics
 
 STEPS = 14  # epochs of 6 optimizer steps (24 prompts / 4 per round): runs cross epoch boundaries
 CKPT_EVERY = 8  # the first (and only) checkpoint is in the second epoch

@@ -46,7 +46,7 @@ malformed input (bad JSON, a missing required key, a duplicate run x task) raise
 naming the file, because a silently wrong table would reach the verdicts.
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -60,8 +60,7 @@ from typing import Any
 
 import pandas as pd
 
-from workflow_scripts import paths
-from workflow_scripts.aggregate_inputs import (
+from workflow_scripts.measures.aggregate_inputs import (
     CHANGED_PREFIX,
     CURVE_COLUMNS,
     METRIC_COLUMNS,
@@ -77,9 +76,10 @@ from workflow_scripts.aggregate_inputs import (
     sparsity_rows,
     train_summary,
 )
-from workflow_scripts.atomic import write_parquet
-from workflow_scripts.rows import read_parquet
-from workflow_scripts.smk import main_from, parse_pairs
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.atomic import write_parquet
+from workflow_scripts.runtime.smk import main_from, parse_pairs
+from workflow_scripts.tasks.rows import read_parquet
 
 log = logging.getLogger("aggregate")
 

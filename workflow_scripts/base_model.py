@@ -28,7 +28,7 @@ greedy accuracy, pass@1 and pass@8 at T 1 on the on-task set (the headroom); eve
 evaluation settings is in eval/base/{task}.json, one owner for those numbers.
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -43,16 +43,21 @@ from pathlib import Path
 
 import torch
 
-from workflow_scripts import paths
-from workflow_scripts.atomic import atomic_dir, write_json
-from workflow_scripts.config import load_config, section_hash
-from workflow_scripts.generation import sample_completions
-from workflow_scripts.modeling import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
-from workflow_scripts.numerics import numerics_provenance
-from workflow_scripts.rows import Row, read_rows
-from workflow_scripts.smk import main_from
-from workflow_scripts.threads import log_startup, process_age_s
-from workflow_scripts.verifiers import verify_batch
+from workflow_scripts.models.generation import sample_completions
+from workflow_scripts.models.modeling import (
+    build_char_tokenizer,
+    build_tiny_llama,
+    load_model,
+    load_tokenizer,
+)
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.atomic import atomic_dir, write_json
+from workflow_scripts.runtime.config import load_config, section_hash
+from workflow_scripts.runtime.numerics import numerics_provenance
+from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.runtime.threads import log_startup, process_age_s
+from workflow_scripts.tasks.rows import Row, read_rows
+from workflow_scripts.verify.verifiers import verify_batch
 
 log = logging.getLogger("base_model")
 

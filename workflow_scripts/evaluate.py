@@ -28,8 +28,8 @@ tested on crafted completions):
 - ``score``: ``verifiers.verify_batch`` (the verifier the training reward uses), ``eval.code_timeout``
   seconds per check for code tasks and ``eval.verify_timeout`` for the rest; a check that hangs or
   crashes is scored wrong with status timeout/error, never fails the job.
-- ``summarize``: pass@1 and SE, pass@k, status counts, eval-noise variance, paired dJ against the
-  reference base run (estimators and their rationale: ``passk``).
+- ``summarize`` (``eval_summary``): pass@1 and SE, pass@k, status counts, eval-noise variance, paired
+  dJ against the reference base run (estimators and their rationale: ``passk``).
 - KL: ``kl.estimate_kl`` on ``eval.kl_prompts`` prompts x ``eval.kl_samples`` fresh samples of the policy
   at T=1, top_p=1 (the eval samples are not draws from pi_theta).
 
@@ -68,8 +68,8 @@ truncated_frac, timing {sample_s, score_s}. A base run against itself is exactly
 Standard errors are null (not NaN) where undefined (a single problem or prompt).
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
-from workflow_scripts.threads import (
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime.threads import (
     limit_threads,
     log_startup,
     process_age_s,
@@ -78,32 +78,24 @@ from workflow_scripts.threads import (
 # isort: split
 
 import argparse
-import copy
 import hashlib
 import logging
-import math
 import os
 import time
-from collections import Counter
-from pathlib import Path
 
 import pandas as pd
 import torch
 
-from workflow_scripts import passk, paths
-from workflow_scripts.atomic import write_json, write_parquet
-from workflow_scripts.bf16_matmul import bf16_matmul as matmul_context
-from workflow_scripts.bf16_matmul import resolve as resolve_matmul
-from workflow_scripts.generation import Completion, sample_completions, stop_token_ids
-from workflow_scripts.modeling import (
-    DTYPES,
-    load_head_as_saved,
-    load_model,
-    load_tokenizer,
-    unreadable_safetensors,
-)
-from workflow_scripts.rows import Row, read_parquet, read_rows
-from workflow_scripts.smk import main_from
+from workflow_scripts.measures.eval_summary import finite, summarize
+from workflow_scripts.models.generation import Completion, sample_completions, stop_token_ids
+from workflow_scripts.models.loading import dtype_of, load_pair, load_run_model, saved_dtype
+from workflow_scripts.models.modeling import load_tokenizer
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.atomic import write_json, write_parquet
+from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.tasks.rows import Row, read_parquet, read_rows
+from workflow_scripts.training.bf16_matmul import bf16_matmul as matmul_context
+from workflow_scripts.training.bf16_matmul import resolve as resolve_matmul
 
 log = logging.getLogger("evaluate")
 
@@ -111,7 +103,6 @@ SAMPLE_COLUMNS = (
     "run", "task", "prompt_id", "prompt_index", "sample_index", "completion", "extracted", "correct",
     "status", "length", "truncated",
 )  # fmt: skip
-STATUS_KEYS = ("ok", "no_answer", "timeout", "error")
 BACKENDS = ("hf", "vllm")
 
 
@@ -119,52 +110,6 @@ def derive_seed(base_seed: int, *parts: str) -> int:
     """A stable 31-bit seed from the config seed and names (Python's hash() is salted per process)."""
     digest = hashlib.sha256("/".join([str(base_seed), *map(str, parts)]).encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def saved_dtype(model_dir: str | os.PathLike) -> str:
-    """The floating dtype a model folder's safetensors hold (the most common one if mixed)."""
-    from workflow_scripts.precision import saved_dtypes
-
-    try:
-        saved = saved_dtypes(model_dir)
-    except Exception as err:  # a broken file: name it (safetensors' own message names none)
-        bad = unreadable_safetensors(model_dir)
-        if bad is None:
-            raise
-        raise ValueError(f"{bad[0]}: corrupt or truncated safetensors file ({bad[1]})") from err
-    counts = Counter(d for d in saved.values() if d in DTYPES)
-    if not counts:
-        raise ValueError(f"{model_dir}: no floating-point tensors in the safetensors files")
-    if len(counts) > 1:
-        log.warning("%s: mixed dtypes %s; loading in the most common", model_dir, dict(counts))
-    return counts.most_common(1)[0][0]
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def frozen(model, device=None):
-    """``model`` on ``device``, in eval mode, without gradients (sampling and scoring only)."""
-    model = model.to(device or default_device()).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
-def load_run_model(
-    model_dir: str | os.PathLike, trust_remote_code: bool = False, device=None, dtype: str | None = None
-):
-    """(model in ``dtype`` (default: the dtype it was saved in), on ``device``, eval mode; the dtype's name).
-
-    A dtype other than the saved one is a cast of the saved weights, exactly as ``precision.load_policy``
-    starts an arm from the base (``modeling.load_model`` with the arm's param dtype). As saved, an LM
-    head stored in another dtype than the rest (``lm_head_dtype``) keeps its saved values and dtype."""
-    if dtype is not None:
-        return frozen(load_model(model_dir, dtype, trust_remote_code), device), dtype
-    dtype = saved_dtype(model_dir)
-    model = load_head_as_saved(load_model(model_dir, dtype, trust_remote_code), model_dir)
-    return frozen(model, device), dtype
 
 
 def _check_backend(backend: str) -> None:
@@ -203,7 +148,7 @@ def generate(
         "seed": seed,
     }
     if backend == "vllm":
-        from workflow_scripts.vllm_backend import import_vllm, sample_completions_vllm
+        from workflow_scripts.models.vllm_backend import import_vllm, sample_completions_vllm
 
         import_vllm()  # fail before anything is loaded
         dtype = dtype or saved_dtype(model_dir)
@@ -249,7 +194,7 @@ def score(
 ) -> pd.DataFrame:
     """One row per completion (``SAMPLE_COLUMNS``), verified by the task's verifier (``settings``: the
     task's ``verifier`` block, None = the verifier's defaults)."""
-    from workflow_scripts.verifiers import VERIFIERS, verify_batch
+    from workflow_scripts.verify.verifiers import VERIFIERS, verify_batch
 
     timeout = eval_cfg[VERIFIERS[kind].timeout_key]
     rows_of = [rows[c.prompt_index] for c in completions]
@@ -283,74 +228,6 @@ def score(
     return frame.astype({**types, "correct": bool, "truncated": bool})
 
 
-# ----------------------------------------------------------------------------------- summarize
-
-
-def per_problem_counts(samples: pd.DataFrame) -> pd.DataFrame:
-    """prompt_id -> (c: correct samples, m: samples), in eval-file order."""
-    grouped = samples.groupby("prompt_id", sort=False).agg(
-        c=("correct", "sum"), m=("correct", "size"), order=("prompt_index", "min")
-    )
-    return grouped.sort_values("order")[["c", "m"]]
-
-
-def summarize(samples: pd.DataFrame, n: int, base_samples: pd.DataFrame | None = None) -> dict:
-    """pass@1 +- SE, pass@k, counts, eval-noise variance and (with ``base_samples``) the paired dJ."""
-    if samples.empty:
-        raise ValueError("no samples to summarize")
-    per = per_problem_counts(samples)
-    wrong_n = per[per["m"] != n]
-    if len(wrong_n):
-        example = f"{wrong_n.index[0]!r} has {wrong_n['m'].iloc[0]}"
-        raise ValueError(f"expected {n} samples per problem; e.g. {example}")
-    counts = per["c"].astype(int).tolist()
-    p = per["c"].to_numpy(dtype=float) / n
-    pass1, pass1_se = passk.mean_se(p)
-    status = samples["status"].value_counts()
-    summary: dict = {
-        "N": len(per),
-        "n": n,
-        "pass_at_1": pass1,
-        "pass_at_1_se": pass1_se,
-        "pass_at_k": passk.pass_at_k_summary(n, counts),
-        "eval_noise_var": passk.eval_noise_variance(n, counts),
-        "counts": {
-            "samples": len(samples),
-            "correct": int(samples["correct"].sum()),
-            **{key: int(status.get(key, 0)) for key in STATUS_KEYS},
-            "truncated": int(samples["truncated"].sum()),
-        },
-        "mean_length": float(samples["length"].mean()),
-        "problem_ids": per.index.tolist(),
-        "correct_counts": counts,
-        "dJ": None,
-        "dJ_se": None,
-        "base_pass_at_1": None,
-        "paired_N": None,
-    }
-    if base_samples is not None:
-        base = per_problem_counts(base_samples)
-        if set(base.index) != set(per.index):
-            missing = sorted(set(per.index) ^ set(base.index))[:5]
-            raise ValueError(f"base samples cover other problems than this run (e.g. {missing}); rerun base")
-        base = base.loc[per.index]
-        p0 = base["c"].to_numpy(dtype=float) / base["m"].to_numpy(dtype=float)
-        dj, dj_se = passk.paired_difference(p, p0)
-        summary.update(dJ=dj, dJ_se=dj_se, base_pass_at_1=float(p0.mean()), paired_N=len(p0))
-    return summary
-
-
-def _finite(obj):
-    """NaN/inf -> None, recursively (JSON has no NaN)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 # ------------------------------------------------------------------------------------------ KL
 
 
@@ -365,7 +242,7 @@ def kl_prompt_indices(n_rows: int, k: int, seed: int) -> list[int]:
 def measure_kl(policy, reference, tokenizer, rows: list[Row], eval_cfg: dict, max_new_tokens: int,
                run: str, task: str) -> dict:  # fmt: skip
     """KL(pi_run || pi_reference) on this task's KL prompts (``kl.estimate_kl``), as the kl.json dict."""
-    from workflow_scripts.kl import estimate_kl
+    from workflow_scripts.measures.kl import estimate_kl
 
     prompt_seed = derive_seed(eval_cfg["seed"], task, "kl-prompts")
     chosen = kl_prompt_indices(len(rows), eval_cfg["kl_prompts"], prompt_seed)
@@ -397,22 +274,6 @@ def measure_kl(policy, reference, tokenizer, rows: list[Row], eval_cfg: dict, ma
 
 
 # ------------------------------------------------------------------------------------ the stage
-
-
-def _dtype_of(model) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
-
-
-def load_pair(policy_dir: str | os.PathLike, reference_dir: str | os.PathLike, policy_dtype: str | None,
-              reference_dtype: str | None, trust_remote_code: bool = False):  # fmt: skip
-    """(policy, reference): each loaded once, in eval mode. The same folder in the same dtype (a base
-    run) gives the reference as a copy of the policy: a separate object with the same weights."""
-    policy, policy_dtype = load_run_model(policy_dir, trust_remote_code, dtype=policy_dtype)
-    reference_dtype = reference_dtype or policy_dtype
-    if Path(reference_dir).resolve() == Path(policy_dir).resolve() and reference_dtype == policy_dtype:
-        return policy, copy.deepcopy(policy)
-    reference, _ = load_run_model(reference_dir, trust_remote_code, dtype=reference_dtype)
-    return policy, reference
 
 
 def _read_task_rows(data_path: str | os.PathLike, kind: str) -> list[Row]:
@@ -472,14 +333,14 @@ def run(
     load_s += time.perf_counter() - start
     log_startup(startup_s, load_s)
     log.info("%s/%s: started after %.1fs, tokenizer and models loaded in %.1fs (policy %s, reference %s)",
-             run, task, startup_s, load_s, _dtype_of(policy), _dtype_of(reference))  # fmt: skip
-    bf16 = "bfloat16" in (_dtype_of(policy), _dtype_of(reference))
+             run, task, startup_s, load_s, dtype_of(policy), dtype_of(reference))  # fmt: skip
+    bf16 = "bfloat16" in (dtype_of(policy), dtype_of(reference))
     matmul = resolve_matmul(bf16_matmul, next(policy.parameters()).device.type) if bf16 else "native"
     if completions is None:
         with matmul_context(matmul):
             completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code,
                                          model=policy, tokenizer=tokenizer,
-                                         dtype=_dtype_of(policy))  # fmt: skip
+                                         dtype=dtype_of(policy))  # fmt: skip
     log.info("generated %d completions in %.1fs (%s, %s)", len(completions), info["generate_s"],
              info["backend"], info["dtype"])  # fmt: skip
     start = time.perf_counter()
@@ -513,16 +374,16 @@ def run(
             "completions_per_s": round(len(completions) / max(info["generate_s"], 1e-9), 2),
         },
     )
-    summary = _finite(summary)
+    summary = finite(summary)
     with matmul_context(matmul):
         kl = measure_kl(policy, reference, tokenizer, rows, eval_cfg, max_new, run, task)
     kl.update(
         reference_run=reference_run,
-        policy_dtype=_dtype_of(policy),
-        reference_dtype=_dtype_of(reference),
+        policy_dtype=dtype_of(policy),
+        reference_dtype=dtype_of(reference),
         bf16_matmul=matmul if bf16 else None,
     )
-    kl = _finite(kl)
+    kl = finite(kl)
     write_parquet(samples_out, samples)
     write_json(summary_out, summary)
     write_json(kl_out, kl)
@@ -564,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from workflow_scripts.config import load_config
+    from workflow_scripts.runtime.config import load_config
 
     config = load_config(args.config)
     res = args.results

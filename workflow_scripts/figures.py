@@ -1,4 +1,4 @@
-"""The analysis_figures stage: draws every figure of ``figure_list.FIGURES`` (one function each, ``PLOTS``).
+"""The figures stage: draws every figure of ``figure_list.FIGURES`` (one function each, ``PLOTS``).
 
 | name                | shows                                                         | module            |
 | ------------------- | ------------------------------------------------------------- | ----------------- |
@@ -16,7 +16,7 @@
 Every function takes a ``FigureData`` (figures_common) and returns a matplotlib Figure.
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -34,14 +34,14 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from workflow_scripts import paths
-from workflow_scripts.atomic import atomic_path
-from workflow_scripts.figure_list import FIGURES
-from workflow_scripts.figures_common import DPI, FigureData, dots_by_task, placeholder
-from workflow_scripts.figures_sparsity import plot_overlap, plot_sparsity_by_module, plot_sparsity_vs_eta
-from workflow_scripts.figures_variance import plot_variance_components, plot_variance_ratios
-from workflow_scripts.rows import read_json, read_parquet
-from workflow_scripts.smk import main_from, parse_pairs
+from workflow_scripts.plots.common import DPI, FigureData, dots_by_task, placeholder
+from workflow_scripts.plots.figure_list import FIGURES
+from workflow_scripts.plots.sparsity_plots import plot_overlap, plot_sparsity_by_module, plot_sparsity_vs_eta
+from workflow_scripts.plots.variance_plots import plot_variance_components, plot_variance_ratios
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.atomic import atomic_path
+from workflow_scripts.runtime.smk import main_from, parse_pairs
+from workflow_scripts.tasks.rows import read_json, read_parquet
 
 # training-curve panels: column, title, rows used (generation steps for rollout statistics), smoothed
 CURVE_PANELS = (
@@ -176,7 +176,7 @@ def run(
     stats: str | None = None,
     precisions: Sequence[str] = (),
 ) -> None:
-    """The analysis_figures stage: one PNG per entry of ``outputs`` (figure name -> path)."""
+    """The figures stage: one PNG per entry of ``outputs`` (figure name -> path)."""
     content: dict[str, Any] = read_json(stats) if stats else {}
     data = FigureData(
         _table(metrics), _table(curves), _table(sparsity), content, list(precisions), _table(overlap)

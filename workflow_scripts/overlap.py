@@ -20,7 +20,7 @@ jaccard_chance, ratio`` (jaccard is NaN when the union is empty; ratio is NaN wh
 ``sparsity.module_type``).
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -38,8 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workflow_scripts.atomic import write_parquet
-from workflow_scripts.checkpoint_io import (
+from workflow_scripts.measures.checkpoint_io import (
     DEFAULT_WINDOW_BYTES,
     TensorMismatchError,
     TensorPair,
@@ -49,9 +48,7 @@ from workflow_scripts.checkpoint_io import (
     row_windows,
     window_elems_for,
 )
-from workflow_scripts.smk import main_from
-from workflow_scripts.sparsity import add_diff_options, default_etas, diff_options, module_type
-from workflow_scripts.sparsity_kernel import (
+from workflow_scripts.measures.sparsity_kernel import (
     DEFAULT_CHUNK_ELEMS,
     EtaPlan,
     Workspace,
@@ -60,7 +57,10 @@ from workflow_scripts.sparsity_kernel import (
     spans_of,
     torch_threads,
 )
-from workflow_scripts.threads import log_startup, process_age_s
+from workflow_scripts.runtime.atomic import write_parquet
+from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.runtime.threads import log_startup, process_age_s
+from workflow_scripts.sparsity import add_diff_options, default_etas, diff_options, module_type
 
 COLUMNS = [
     "precision", "seed_a", "seed_b", "eta", "numel", "intersection", "union", "jaccard",

@@ -6,7 +6,7 @@ bad dataset records were skipped under ``data.on_bad_row: skip``; the default ``
 stage at the first bad record, naming file, line and field).
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -14,12 +14,13 @@ import argparse
 import logging
 from pathlib import Path
 
-from workflow_scripts import paths, synthetic
-from workflow_scripts.atomic import write_json
-from workflow_scripts.config import load_config, section_hash
-from workflow_scripts.real_datasets import load_dataset_rows
-from workflow_scripts.rows import Row, read_rows, write_rows
-from workflow_scripts.smk import main_from
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.atomic import write_json
+from workflow_scripts.runtime.config import load_config, section_hash
+from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.tasks import synthetic
+from workflow_scripts.tasks.real_datasets import load_dataset_rows
+from workflow_scripts.tasks.rows import Row, read_rows, write_rows
 
 log = logging.getLogger("prepare_data")
 

@@ -1,4 +1,4 @@
-"""The analysis_report stage: report.md, the verdicts in words a reader can check against their tables.
+"""The report stage: report.md, the verdicts in words a reader can check against their tables.
 
 Order: the design in one paragraph; the training-worked gate (passed or not, with its numbers, and what
 it means for the verdicts); the verdict table (each verdict with the numbers it rests on and its power
@@ -13,7 +13,7 @@ It only formats what ``stats.analyze`` decided (stats.json), so the report and s
 disagree.
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -26,11 +26,12 @@ from typing import Any
 
 import pandas as pd
 
-from workflow_scripts import paths
-from workflow_scripts.atomic import write_text
-from workflow_scripts.figure_list import note
-from workflow_scripts.numerics import provenance_section
-from workflow_scripts.report_tables import (
+from workflow_scripts.plots.figure_list import note
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.atomic import write_text
+from workflow_scripts.runtime.numerics import provenance_section
+from workflow_scripts.runtime.smk import main_from, parse_pairs
+from workflow_scripts.statistics.report_tables import (
     components_section,
     data_warnings,
     fmt,
@@ -43,8 +44,7 @@ from workflow_scripts.report_tables import (
     table,
     training_section,
 )
-from workflow_scripts.rows import read_json, read_parquet
-from workflow_scripts.smk import main_from, parse_pairs
+from workflow_scripts.tasks.rows import read_json, read_parquet
 
 HYPOTHESES = {  # the role and quantity each one tests come from stats.json (verdicts[H].scope)
     "H1": "on-task performance is insensitive to precision (mean and seed variance of dJ equivalent)",
@@ -310,7 +310,7 @@ def run(
     overlap: str | os.PathLike | None = None,
     records: Sequence[str | os.PathLike] = (),
 ) -> str:
-    """The analysis_report stage: report.md from stats.json and the aggregate tables; ``records``: the
+    """The report stage: report.md from stats.json and the aggregate tables; ``records``: the
     base.json and run.json files whose numerics provenance the report lists."""
     content: Any = read_json(stats)
     ov = read_parquet(overlap) if overlap else None

@@ -57,7 +57,7 @@ Speed: ~25 vectorised numpy passes per cache-sized chunk, single-threaded by def
 splits windows over worker threads). bench/bench_sparsity.py measures it against the I/O floor.
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -73,8 +73,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workflow_scripts.atomic import write_json, write_parquet
-from workflow_scripts.checkpoint_io import (
+from workflow_scripts.measures.checkpoint_io import (
     DEFAULT_WINDOW_BYTES,
     TensorPair,
     WindowReader,
@@ -83,9 +82,7 @@ from workflow_scripts.checkpoint_io import (
     pair_tensors,
     window_elems_for,
 )
-from workflow_scripts.config import schema_defaults
-from workflow_scripts.smk import main_from
-from workflow_scripts.sparsity_kernel import (
+from workflow_scripts.measures.sparsity_kernel import (
     DEFAULT_CHUNK_ELEMS,
     EtaPlan,
     TensorCounts,
@@ -95,7 +92,10 @@ from workflow_scripts.sparsity_kernel import (
     spans_of,
     torch_threads,
 )
-from workflow_scripts.threads import log_startup, process_age_s
+from workflow_scripts.runtime.atomic import write_json, write_parquet
+from workflow_scripts.runtime.config import schema_defaults
+from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.runtime.threads import log_startup, process_age_s
 
 MODULE_TYPES = (
     "attn_q", "attn_k", "attn_v", "attn_o", "mlp_gate", "mlp_up", "mlp_down",

@@ -33,7 +33,7 @@ per-device batch is divided by the world size, so the effective batch is unchang
 the outputs; run.json records the world size, the strategy and each rank's dtypes and autocast.
 """
 
-from workflow_scripts import startup  # noqa: F401  first: no garbage collection during imports
+from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
 
 # isort: split
 
@@ -41,7 +41,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import shutil
 import time
 from collections.abc import Mapping
@@ -49,20 +48,25 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
-from transformers import TrainerCallback
 
-from workflow_scripts import paths
-from workflow_scripts.atomic import atomic_dir, write_json, write_text
-from workflow_scripts.bf16_matmul import bf16_matmul
-from workflow_scripts.bf16_matmul import record as matmul_record
-from workflow_scripts.checkpoints import (
+from workflow_scripts.measures.representable import representable_update
+from workflow_scripts.models.modeling import load_model, load_tokenizer
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.atomic import atomic_dir, write_json, write_text
+from workflow_scripts.runtime.config import load_config, section_hash
+from workflow_scripts.runtime.numerics import numerics_provenance
+from workflow_scripts.runtime.resources import train_processes
+from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.tasks.rows import read_rows
+from workflow_scripts.training.bf16_matmul import bf16_matmul
+from workflow_scripts.training.bf16_matmul import record as matmul_record
+from workflow_scripts.training.checkpoints import (
     checkpoint_step,
     latest_complete_checkpoint,
     prepare_checkpoint_dir,
     run_key,
 )
-from workflow_scripts.config import load_config, section_hash
-from workflow_scripts.grpo_config import (
+from workflow_scripts.training.grpo_config import (
     gate_vllm,
     grpo_config,
     importance_sampling_record,
@@ -71,10 +75,10 @@ from workflow_scripts.grpo_config import (
     tracking_env,
     world_size_from_env,
 )
-from workflow_scripts.grpo_trainer import make_trainer_class, rollout_dtype
-from workflow_scripts.launch import launch_training
-from workflow_scripts.metrics_callback import MetricsLogger
-from workflow_scripts.metrics_log import (
+from workflow_scripts.training.grpo_trainer import make_trainer_class, rollout_dtype
+from workflow_scripts.training.launch import launch_training
+from workflow_scripts.training.metrics_callback import MetricsLogger
+from workflow_scripts.training.metrics_log import (
     gap_summary,
     kl_prompt_sample,
     read_metrics,
@@ -82,10 +86,8 @@ from workflow_scripts.metrics_log import (
     scaler_summary,
     truncate_metrics,
 )
-from workflow_scripts.modeling import load_model, load_tokenizer
-from workflow_scripts.numerics import numerics_provenance
-from workflow_scripts.optimizers import optimizer_cls_and_kwargs, optimizer_record
-from workflow_scripts.precision import (
+from workflow_scripts.training.optimizers import optimizer_cls_and_kwargs, optimizer_record
+from workflow_scripts.training.precision import (
     AutocastProbe,
     PrecisionMode,
     apply_determinism,
@@ -99,12 +101,10 @@ from workflow_scripts.precision import (
     summarize_dtypes,
     train_seed,
 )
-from workflow_scripts.precision_contract import contract_check
-from workflow_scripts.representable import representable_update
-from workflow_scripts.resources import train_processes
-from workflow_scripts.rows import read_rows
-from workflow_scripts.smk import main_from
-from workflow_scripts.train_health import NonFiniteGuard, assess_health
+from workflow_scripts.training.precision_contract import contract_check
+from workflow_scripts.training.ranks import KLPartner, check_distribution, rank_records
+from workflow_scripts.training.run_record import peak_gpu_memory_gb, versions, vllm_record
+from workflow_scripts.training.train_health import NonFiniteGuard, assess_health
 
 __all__ = ["from_snakemake", "job_from_config", "main", "read_metrics", "run", "run_or_launch", "train_run"]
 
@@ -132,92 +132,11 @@ def _train_dataset(rows: list[dict]):
     )
 
 
-def _versions() -> dict:
-    import accelerate
-    import transformers
-    import trl
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "accelerate": accelerate.__version__,
-    }
-
-
-def _peak_gpu_memory_gb() -> float | None:
-    """Peak GiB the PyTorch allocator held on this process's GPU (a colocated vLLM's KV cache included)."""
-    if not torch.cuda.is_available():
-        return None
-    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
-
-
-def _vllm_record(trainer) -> dict:
-    """Whether TRL generated the rollouts with vLLM and the dtype its engine ran in (vLLM picks its own
-    for a float32 checkpoint unless told), read from the trainer, not the config."""
-    generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
-    if generation is None:
-        return {"used": False, "mode": None, "dtype": None, "seed": None, "seed_given": None}
-    engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
-    dtype = getattr(getattr(engine, "model_config", None), "dtype", None)
-    mode = getattr(generation, "mode", None)
-    given = getattr(trainer, "vllm_engine_args", {}).get("seed")  # grpo_trainer.vllm_seed(run seed, group)
-    seed = getattr(getattr(engine, "model_config", None), "seed", given)  # what the engine holds
-    return {"used": True, "mode": mode, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
-            "seed_given": given}  # fmt: skip
-
-
 def _training_kind(path: Path, rows: list[dict]) -> str:
     kinds = sorted({r["kind"] for r in rows})
     if len(kinds) != 1:
         raise ValueError(f"{path}: training rows must share one verifier kind, got {kinds}")
     return kinds[0]
-
-
-def _check_distribution(accelerator, train_cfg: Mapping, world: int) -> None:
-    """The processes and strategy asked for are the ones accelerate runs (it falls back silently: FSDP
-    requested on CPU processes becomes plain data parallel)."""
-    if accelerator.num_processes != world:
-        raise RuntimeError(
-            f"WORLD_SIZE is {world}, but accelerate runs {accelerator.num_processes} processes"
-        )
-    if strategy(train_cfg) == "fsdp" and accelerator.distributed_type.name != "FSDP":
-        raise RuntimeError(
-            f"train.distributed.strategy: fsdp, but accelerate runs {accelerator.distributed_type.name} "
-            "(FSDP needs one GPU per process)"
-        )
-
-
-def _rank_records(accelerator, start: dict, end: dict, probe: AutocastProbe) -> list[dict]:
-    """What every rank saw (dtypes of its trainable tensors, or shards, at start and end; autocast
-    observed in its first forward), gathered on all ranks in rank order."""
-    from accelerate.utils import gather_object
-
-    mine = {
-        "rank": accelerator.process_index,
-        "device": str(accelerator.device),
-        "dtypes_start": summarize_dtypes(start),
-        "dtypes_end": summarize_dtypes(end),
-        "autocast_observed": probe.record,
-    }
-    return sorted(gather_object([mine]), key=lambda r: r["rank"])
-
-
-class _KLPartner(TrainerCallback):
-    """FSDP: a KL measurement's forwards all-gather shards, so every rank must run it; the main process
-    measures and logs (MetricsLogger), the other ranks run the same measurement alongside and drop it."""
-
-    def __init__(self, logger: MetricsLogger) -> None:
-        self.logger = logger
-
-    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
-        lg = self.logger
-        step = state.global_step
-        if state.is_world_process_zero or "train_runtime" in (logs or {}) or lg.reference is None:
-            return
-        if lg.kl_every and (step % lg.kl_every == 0 or step == lg.max_steps):
-            lg.measure_kl(model, step)
 
 
 def train_run(
@@ -363,12 +282,12 @@ def run(
             callbacks=[
                 NonFiniteGuard(),
                 logger,
-                *([_KLPartner(logger)] if sharded else []),
+                *([KLPartner(logger)] if sharded else []),
                 *(callbacks or []),
             ],
         )
         trainer.remove_callback(PrinterCallback)
-        _check_distribution(trainer.accelerator, train_cfg, world)
+        check_distribution(trainer.accelerator, train_cfg, world)
         probe = AutocastProbe(trainer.model)
         # the arm's optimizer (rounding, update_noise; None: TRL's adamw_torch), its dtype contract, and
         # the path its bf16 products take (precision, optimizers, precision_contract, bf16_matmul)
@@ -384,7 +303,7 @@ def run(
     train_wall = time.perf_counter() - train_start
     policy = trainer.accelerator.unwrap_model(trainer.model)
     end_dtypes = check_param_dtypes(policy, mode)  # under FSDP: this rank's shards
-    ranks = _rank_records(trainer.accelerator, start_dtypes, end_dtypes, probe)
+    ranks = rank_records(trainer.accelerator, start_dtypes, end_dtypes, probe)
     # FSDP: the whole tensors are gathered (a collective: every rank calls it); rank 0 gets them
     full_state = trainer.accelerator.get_state_dict(trainer.model) if sharded else None
 
@@ -413,15 +332,15 @@ def run(
             "train_seed": stream_seed,
             "repeat": repeat,
             "device": device,
-            "peak_gpu_memory_gb": _peak_gpu_memory_gb(),
-            "vllm": _vllm_record(trainer),
+            "peak_gpu_memory_gb": peak_gpu_memory_gb(),
+            "vllm": vllm_record(trainer),
             "importance_sampling": importance_sampling_record(args),
             "world_size": world,
             "strategy": strategy(train_cfg),
             "distributed_type": trainer.accelerator.distributed_type.name,
             "ranks": ranks,
             "threads": threads,
-            "versions": _versions(),
+            "versions": versions(),
             "numerics": numerics_provenance(),
             "config_hash": section_hash(train_cfg, mode.as_dict(), seed),
             "run_key": key,

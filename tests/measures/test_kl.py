@@ -1,0 +1,133 @@
+"""The KL estimator against the exact sequence-level KL of a model small enough to enumerate."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from workflow_scripts.measures.kl import estimate_kl, kl_from_logprobs, sequence_logprobs
+
+torch.set_num_threads(1)
+
+VOCAB = {"<pad>": 0, "<unk>": 1, "</s>": 2, "a": 3, "b": 4}
+EOS = VOCAB["</s>"]
+MAX_NEW = 3  # 1 + 4 + 16 eos-terminated completions and 64 truncated ones per prompt
+
+
+@pytest.fixture(scope="module")
+def tok():
+    core = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, padding_side="left", pad_token="<pad>",
+                                   eos_token="</s>", unk_token="<unk>")  # fmt: skip
+
+
+def _model(seed: int, scale: float = 10.0) -> LlamaForCausalLM:
+    """A 5-token Llama; ``scale`` sharpens its next-token distributions (KL between seeds ~0.6 at 10)."""
+    cfg = LlamaConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, intermediate_size=32, max_position_embeddings=32, pad_token_id=0,
+                      eos_token_id=EOS, bos_token_id=None, tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+@torch.no_grad()
+def _next_logprobs(model, ids: list[int]) -> list[float]:
+    """log pi(. | ids) from one unpadded forward pass (independent of the batched scorer)."""
+    return torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1).tolist()
+
+
+def exact_kl(policy, reference, prompt_ids: list[int], max_new: int) -> tuple[float, float]:
+    """(KL(policy || reference) over every generation of at most ``max_new`` tokens, total probability).
+
+    A generation ends at the end token (scored with it) or after ``max_new`` tokens (scored without).
+    """
+    kl = mass = 0.0
+
+    def walk(prefix: list[int], lp: float, lq: float) -> None:
+        nonlocal kl, mass
+        if len(prefix) == max_new:
+            kl += math.exp(lp) * (lp - lq)
+            mass += math.exp(lp)
+            return
+        a, b = _next_logprobs(policy, prompt_ids + prefix), _next_logprobs(reference, prompt_ids + prefix)
+        for token in range(len(VOCAB)):
+            if token == EOS:
+                kl += math.exp(lp + a[token]) * (lp + a[token] - lq - b[token])
+                mass += math.exp(lp + a[token])
+            else:
+                walk([*prefix, token], lp + a[token], lq + b[token])
+
+    walk([], 0.0, 0.0)
+    return kl, mass
+
+
+def test_estimate_matches_exact_kl_within_its_standard_error(tok):
+    policy, reference = _model(0), _model(1)
+    prompts = ["ab", "ba"]
+    exact = []
+    for p in prompts:
+        kl, mass = exact_kl(policy, reference, tok(p, add_special_tokens=False)["input_ids"], MAX_NEW)
+        assert mass == pytest.approx(1.0, abs=1e-9)
+        exact.append(kl)
+    target = sum(exact) / len(exact)  # the estimator weights prompts equally
+    est = estimate_kl(policy, reference, tok, prompts * 200, n_samples=4, max_new_tokens=MAX_NEW, seed=0)
+    assert est.n_prompts == 400 and est.n_samples == 4
+    assert 0.1 < est.truncated_frac < 0.9 and est.mean_length < MAX_NEW  # both kinds of ending occur
+    for mean, se in ((est.k1_mean, est.k1_se), (est.k3_mean, est.k3_se)):
+        assert abs(mean - target) < 4 * se, (mean, se, target)
+        # The test has power: an estimator off by a factor of 2 (either way) would fail it.
+        assert abs(mean - 2 * target) > 4 * se and abs(mean - target / 2) > 4 * se
+
+
+def test_base_vs_base_is_exactly_zero(tok):
+    policy = _model(0)
+    reference = copy.deepcopy(policy)
+    est = estimate_kl(policy, reference, tok, ["ab", "ba", "a"], n_samples=5, max_new_tokens=MAX_NEW, seed=3)
+    assert est.k1_mean == 0.0 and est.k3_mean == 0.0
+    assert set(est.per_prompt_k1) == {0.0} and set(est.per_prompt_k3) == {0.0}
+    with pytest.raises(ValueError, match="separate"):
+        estimate_kl(policy, policy, tok, ["ab"])
+
+
+def test_sequence_logprobs_matches_unbatched_scoring(tok):
+    model = _model(2)
+    prompts = [[3], [3, 4, 4, 3], [4, 3], [3, 3]]
+    completions = [[4, 4, EOS], [3], [4, 3, 4], []]
+    expected = []
+    for p, c in zip(prompts, completions, strict=True):
+        expected.append(sum(_next_logprobs(model, p + c[:j])[c[j]] for j in range(len(c))))
+    for kwargs in ({}, {"batch_size": 1}, {"memory_budget_gb": 1e-12}):
+        got = sequence_logprobs(model, prompts, completions, pad_id=0, **kwargs)
+        assert got.dtype == torch.float64
+        assert got.tolist() == pytest.approx(expected, abs=1e-5)
+    assert got[3].item() == 0.0  # an empty completion has probability 1
+
+
+def test_bf16_policy_against_fp32_reference(tok):
+    reference = _model(0)
+    policy = copy.deepcopy(reference).to(torch.bfloat16)
+    est = estimate_kl(policy, reference, tok, ["ab", "ba"] * 20, n_samples=4, max_new_tokens=MAX_NEW, seed=1)
+    assert math.isfinite(est.k1_mean) and 0.0 <= est.k3_mean < 0.05  # rounding-sized, non-negative
+
+
+def test_kl_from_logprobs_by_hand():
+    logp_policy = torch.tensor([-1.0, -2.0, -0.5, -0.5], dtype=torch.float64)
+    logp_ref = torch.tensor([-1.5, -1.0, -0.5, -1.5], dtype=torch.float64)
+    est = kl_from_logprobs(logp_policy, logp_ref, [0, 0, 1, 1])
+    log_r = logp_ref - logp_policy
+    k1, k3 = -log_r, torch.expm1(log_r) - log_r
+    assert est.per_prompt_k1 == pytest.approx([k1[:2].mean().item(), k1[2:].mean().item()])
+    assert est.per_prompt_k3 == pytest.approx([k3[:2].mean().item(), k3[2:].mean().item()])
+    assert est.k1_mean == pytest.approx(k1.mean().item())
+    assert est.k3_se == pytest.approx(abs(est.per_prompt_k3[0] - est.per_prompt_k3[1]) / 2)
+    assert all(v >= 0 for v in est.per_prompt_k3) and est.n_prompts == 2 and est.n_samples == 2

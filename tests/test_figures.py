@@ -1,0 +1,148 @@
+"""Tests of workflow_scripts.figures: every figure drawn as a PNG from the tables the workflow makes, also
+on degenerate data (one seed, one arm, empty tables, zero spread).
+
+Unit tests run on synthetic upstream files (tests/test_aggregate.py ``write_fake_results``) pushed
+through the real aggregate and stats code, so the figures see exactly the tables the workflow makes.
+The table builders here (``make_data``, ``flat_table``) are shared with test_report.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+from test_aggregate import run_aggregate, write_fake_results
+
+from workflow_scripts import figures, stats
+from workflow_scripts.plots import figure_list
+from workflow_scripts.plots.common import FigureData
+from workflow_scripts.plots.figure_list import FIGURES
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = {"bootstrap": 100, "power_simulations": 10, "max_seeds": 8}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_data(
+    root: Path, precisions=("fp32", "bf16"), seeds=(1, 2, 3), kl: bool = True, **fake
+) -> FigureData:
+    files = write_fake_results(root, precisions=precisions, seeds=seeds, kl=kl, **fake)
+    metrics, curves, sparsity, _, overlap = run_aggregate(files, precisions=precisions)
+    return FigureData(
+        metrics, curves, sparsity, stats.analyze(metrics, FAST, precisions=precisions), precisions, overlap
+    )
+
+
+def assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_MAGIC, path
+    assert path.stat().st_size > 5000, path
+    height, width = mpimg.imread(path).shape[:2]
+    assert height > 200 and width > 200
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> FigureData:
+    return make_data(tmp_path_factory.mktemp("results"))
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def test_cli_writes_every_figure_as_a_png(data, tmp_path):
+    data.metrics.to_parquet(tmp_path / "metrics.parquet")
+    data.curves.to_parquet(tmp_path / "curves.parquet")
+    data.sparsity.to_parquet(tmp_path / "sparsity.parquet")
+    data.overlap.to_parquet(tmp_path / "overlap.parquet")
+    (tmp_path / "stats.json").write_text(json.dumps(data.stats))
+    outputs = {name: tmp_path / "figures" / f"{name}.png" for name in FIGURES}
+    argv = [
+        "--metrics",
+        str(tmp_path / "metrics.parquet"),
+        "--curves",
+        str(tmp_path / "curves.parquet"),
+        "--sparsity",
+        str(tmp_path / "sparsity.parquet"),
+        "--overlap",
+        str(tmp_path / "overlap.parquet"),
+        "--stats",
+        str(tmp_path / "stats.json"),
+        "--precisions",
+        "fp32",
+        "bf16",
+        "--out",
+        *(f"{n}={p}" for n, p in outputs.items()),
+    ]
+    assert figures.main(argv) == 0
+    for path in outputs.values():
+        assert_png(path)
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == sorted(
+        p.name for p in outputs.values()
+    )
+
+
+@pytest.mark.parametrize("case", ["one_seed_no_kl_no_sparsity", "single_arm", "empty_tables"])
+def test_degenerate_data_still_draws_every_figure(case, tmp_path):
+    if case == "one_seed_no_kl_no_sparsity":
+        data = make_data(tmp_path / "r", seeds=(1,), kl=False)
+        data.sparsity = data.sparsity.iloc[0:0]
+        data.curves = data.curves.assign(kl_k3=float("nan"))
+    elif case == "single_arm":
+        data = make_data(tmp_path / "r", precisions=("fp32",), seeds=(1, 2))
+    else:
+        data = make_data(tmp_path / "r", seeds=(1,))
+        data = FigureData(
+            data.metrics[data.metrics["precision"].isna()], pd.DataFrame(), pd.DataFrame(), {}, ()
+        )
+    outputs = {name: tmp_path / f"{name}.png" for name in FIGURES}
+    figures.make_figures(data, outputs)
+    for path in outputs.values():
+        assert_png(path)
+
+
+def test_unknown_figure_name_is_an_error_before_drawing(data, tmp_path):
+    with pytest.raises(ValueError, match=r"unknown figure\(s\) \['nope'\]"):
+        figures.make_figures(data, {"dJ_by_task": tmp_path / "a.png", "nope": tmp_path / "b.png"})
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_colours_are_fixed_per_precision(data):
+    palette = data.palette()
+    assert list(palette) == ["fp32", "bf16"] and palette["fp32"] != palette["bf16"]
+    assert data.arms() == ["fp32", "bf16"]
+
+
+def test_one_figure_list_drives_the_rule_the_code_and_the_captions():
+    assert set(figures.PLOTS) == set(FIGURES)
+    captions = {p.stem for p in (REPO / "report").glob("*.rst")} - {"report", "stats", "workflow"}
+    assert captions == set(FIGURES), "report/<figure>.rst for every figure and no other"
+    assert all(figure_list.note(name) for name in FIGURES)
+    rule = (REPO / "rules" / "analysis.smk").read_text()
+    assert "from workflow_scripts.plots.figure_list import FIGURES" in rule and "figures/{name}.png" in rule
+
+
+# config.factorial.yaml's arms: the six crossing storage, compute and dropout, and stochastic rounding
+SIX_ARMS = ("fp32", "fp32_drop", "bf16", "bf16_drop", "autocast", "autocast_drop", "bf16_sr")
+
+
+def flat_table(root: Path) -> FigureData:
+    """6 arms (autocast names) x 2 seeds, every dJ and KL exactly 0, no eval noise: a few-step tiny run."""
+    data = make_data(root, precisions=SIX_ARMS, seeds=(1, 2), flat=True)
+    trained = data.metrics[data.metrics["precision"].notna()]
+    assert (trained["dJ"] == 0).all() and (data.metrics["eval_noise_var"] == 0).all()
+    assert (trained["kl_k3"] == 0).all()
+    data.stats = stats.json_safe(data.stats)  # as the figures and report read it from stats.json
+    return data
+
+
+@pytest.fixture(scope="module")
+def flat_data(tmp_path_factory) -> FigureData:
+    return flat_table(tmp_path_factory.mktemp("flat"))
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_zero_spread_and_zero_noise_still_draw_every_figure(flat_data, name, tmp_path):
+    figures.make_figures(flat_data, {name: tmp_path / f"{name}.png"})
+    assert_png(tmp_path / f"{name}.png")

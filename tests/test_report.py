@@ -1,0 +1,317 @@
+"""Tests of workflow_scripts.report (and the stats stage's stats.json that it reads), and one end-to-end
+run of the whole DAG on tests/config.test.yaml followed by ``snakemake --report``.
+
+The unit tests use test_figures.py's synthetic tables (``make_data``): real aggregate and stats code on
+synthetic upstream files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_aggregate import write_fake_results
+from test_figures import FAST, REPO, SIX_ARMS, assert_png, flat_table, make_data
+
+from workflow_scripts import report, stats
+from workflow_scripts.plots import figure_list
+from workflow_scripts.plots.common import FigureData
+from workflow_scripts.plots.figure_list import FIGURES
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.config import validate_config
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> FigureData:
+    return make_data(tmp_path_factory.mktemp("results"))
+
+
+@pytest.fixture(scope="module")
+def flat_data(tmp_path_factory) -> FigureData:
+    return flat_table(tmp_path_factory.mktemp("flat"))
+
+
+# ----------------------------------------------------------------------------- stats.json and report.md
+
+
+def test_stats_stage_writes_strict_json_with_gate_and_verdicts(data, tmp_path):
+    data.metrics.to_parquet(tmp_path / "metrics.parquet")
+    out = tmp_path / "stats.json"
+    stats.run(metrics=tmp_path / "metrics.parquet", out=out, analysis=FAST, precisions=["fp32", "bf16"])
+
+    def no_constants(name: str):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    result = json.loads(out.read_text(), parse_constant=no_constants)
+    assert set(result["verdicts"]) == {"H1", "H2", "H3"} and "passed" in result["gate"]
+    assert result["reference"] == "fp32" and result["source"]["rows"] == len(data.metrics)
+    cli = tmp_path / "cli.json"
+    argv = [
+        "--metrics",
+        str(tmp_path / "metrics.parquet"),
+        "--out",
+        str(cli),
+        "--config",
+        str(REPO / "tests" / "config.test.yaml"),
+    ]
+    assert stats.main(argv) == 0 and json.loads(cli.read_text())["config"]["bootstrap"] == 200
+
+
+def test_report_states_gate_verdicts_power_and_figures(data, tmp_path):
+    figs = {name: tmp_path / "figures" / f"{name}.png" for name in FIGURES}
+    text = report.render(
+        data.stats, data.metrics, figs, tmp_path / "report.md", ["fp32", "bf16"], data.overlap
+    )
+    gate = data.stats["gate"]
+    assert "## Gate: did training improve the on-task score?" in text
+    assert ("**Passed.**" if gate["passed"] else "**Not passed.**") in text and gate["reason"] in text
+    assert "| seeds per arm needed |" in text
+    for h in ("H1", "H2", "H3"):
+        v = data.stats["verdicts"][h]
+        assert f"### {h}: {v['verdict']}" in text and f"- Why: {v['reason']}" in text
+        assert f"| {h} | bf16 vs fp32 | **{v['by_arm']['bf16']['verdict']}** |" in text
+    assert "## Seed-variance components (mixed model)" in text
+    assert "| on_task (add_sub) | bf16 | 3 |" in text
+    assert "representable update (step 0)" in text and "changed (η=1e-04)" in text
+    assert "## Cross-seed overlap of the update masks" in text and "| bf16 | 0.001 | 3 |" in text
+    assert "None of the 6 trained runs diverged" in text
+    for name in FIGURES:
+        assert f"[{name}](figures/{name}.png): {figure_list.note(name)}" in text
+    assert "design.md" not in text and "## Warnings" in text
+
+
+def test_report_lists_diverged_runs_and_how_the_verdicts_treat_them(tmp_path):
+    data = make_data(tmp_path / "r", diverged=("bf16-s2",))
+    assert data.stats["excluded_runs"]["diverged"] == ["bf16-s2"]
+    text = report.render(data.stats, data.metrics, {}, tmp_path / "report.md", ["fp32", "bf16"])
+    assert "1 of 6 trained runs diverged and are **excluded** from every test and verdict" in text
+    assert "- bf16-s2: entropy collapsed" in text
+    assert "Seeds per arm (after exclusions): fp32 3, bf16 2" in text
+
+
+def test_report_on_results_without_health_records_says_so(tmp_path):
+    data = make_data(tmp_path / "r", health=False)
+    text = report.render(data.stats, data.metrics, {}, tmp_path / "report.md", ["fp32", "bf16"])
+    assert "Not checked: these results predate the training health record" in text
+    assert "predates the representable-update record" in text
+
+
+def test_report_stage_and_data_warnings(data, tmp_path):
+    metrics = data.metrics.copy()
+    metrics.loc[metrics["run"] == "bf16-s1", "timeout_frac"] = 0.25
+    metrics.loc[metrics["task"] == "mcq", "truncated_frac"] = 0.9
+    metrics.loc[(metrics["run"] == "fp32-s2") & (metrics["task"] == "mul"), "kl_k3"] = float("nan")
+    metrics.to_parquet(tmp_path / "metrics.parquet")
+    (tmp_path / "stats.json").write_text(json.dumps(data.stats))
+    out = tmp_path / "report.md"
+    argv = [
+        "--stats",
+        str(tmp_path / "stats.json"),
+        "--metrics",
+        str(tmp_path / "metrics.parquet"),
+        "--out",
+        str(out),
+        "--figure",
+        f"dJ_by_task={tmp_path / 'figures' / 'dJ_by_task.png'}",
+    ]
+    assert report.main(argv) == 0
+    text = out.read_text()
+    assert "verifier timeouts in 3 run x task(s) (worst bf16-s1/" in text
+    assert "hit max_new_tokens in 8 run x task(s) (tasks ['mcq'])" in text
+    assert "KL k3 missing for 1 trained run x task(s)" in text
+    assert "[dJ_by_task](figures/dJ_by_task.png)" in text
+
+
+def test_report_on_one_seed_says_why_nothing_was_decided(tmp_path):
+    data = make_data(tmp_path / "r", seeds=(1,), kl=False)
+    text = report.render(data.stats, data.metrics, {}, tmp_path / "report.md")
+    assert text.count("not testable") >= 3 and "**Not passed.**" in text
+    assert "fp32 has 1 seed(s): a gain across seeds cannot be tested" in text
+    assert "KL k3 missing for 6 trained run x task(s)" in text
+
+
+def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(data, tmp_path):
+    import numpy as np
+
+    from workflow_scripts.statistics import simulation
+
+    arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy")
+    _, task_var = simulation.structure("task", 9.0, 4e-4, 1e-4, arm="fp32_noisy")
+    table = simulation.simulate_table(np.random.default_rng(61), n_seeds=8, arms=arms, task_var=task_var)
+    specs = {
+        "fp32": {},
+        "bf16": {},
+        "fp32_copy": {"control": "negative"},
+        "fp32_noisy": {"control": "positive"},
+    }
+    result = stats.analyze(table, FAST, precisions=specs)
+    text = report.render(result, table, {}, tmp_path / "report.md", list(arms))
+    assert "## Controls" in text
+    copy, noisy = result["controls"]["fp32_copy"], result["controls"]["fp32_noisy"]
+    assert f"| fp32_copy | negative | not supported | {copy['outcome']} | **as it must** |" in text
+    assert "| fp32_noisy | positive | supported | supported | **as it must** |" in text
+    assert noisy["reason"] in text
+    assert "| H2 | bf16 vs fp32 |" in text and "| H2 | fp32_noisy vs fp32 |" not in text  # judged apart
+    plain = report.render(data.stats, data.metrics, {}, tmp_path / "plain.md", ["fp32", "bf16"])
+    assert "## Controls" not in plain
+
+
+def test_report_gives_noise_shares_and_warns_when_a_verdict_rests_on_more_than_half(tmp_path):
+    import numpy as np
+
+    from workflow_scripts.statistics import simulation
+
+    table = simulation.simulate_table(np.random.default_rng(62), n_seeds=6, n_problems=20, n_samples=4)
+    result = stats.analyze(table, FAST, precisions=["fp32", "bf16"])
+    text = report.render(result, table, {}, tmp_path / "report.md", ["fp32", "bf16"])
+    assert "## Eval-noise share of the across-seed variance" in text
+    share = result["noise_share"]["by_role"]["off_task"]["dJ"]["fp32"]["share"]
+    assert share > 0.5 and f"| off_task | dJ | fp32 | {share:.2g} |" in text
+    h2 = result["verdicts"]["H2"]["verdict"]
+    assert f"**Warning: H2 ({h2}) rests on an eval-noise share above 0.5**" in text
+    assert "Warning: H3" not in text  # KL noise is small here
+    quiet = simulation.simulate_table(np.random.default_rng(62), n_seeds=6)
+    quiet_text = report.render(stats.analyze(quiet, FAST), quiet, {}, tmp_path / "q.md", ["fp32", "bf16"])
+    assert "Warning: H2" not in quiet_text
+
+
+# ----------------------------------------------------------------------------- the analysis rules
+
+
+@pytest.mark.slow
+def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path):
+    """aggregate -> stats -> figures -> report through snakemake (each rule's
+    script: is its stage module), on fake upstream outputs written where the rules expect them."""
+    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_outputs, run_snakemake
+
+    config = load_test_config()
+    wf = make_workflow_dir(tmp_path / "wf", config)
+    placeholder_outputs(wf)
+    write_fake_results(
+        wf / "results",
+        precisions=tuple(config["precisions"]),
+        seeds=tuple(config["seeds"]),
+        diverged=("bf16-s2",),
+    )
+    mark_done(wf)
+    analysis = wf / "results" / "analysis"
+    for path in analysis.rglob("*"):
+        if path.is_file():
+            path.unlink()
+    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((analysis / "stats.json").read_text())
+    assert result["excluded_runs"]["diverged"] == ["bf16-s2"] and "gate" in result
+    assert result["config"]["bootstrap"] == config["analysis"]["bootstrap"]
+    for name in FIGURES:
+        assert_png(analysis / "figures" / f"{name}.png")
+    text = (analysis / "report.md").read_text()
+    assert "## Gate" in text and "- bf16-s2: entropy collapsed" in text and "## Cross-seed overlap" in text
+    metrics = pd.read_parquet(analysis / "metrics.parquet")
+    assert set(metrics["run"]) == set(paths.run_names(validate_config(config, check_files=False)))
+    assert len(pd.read_parquet(analysis / "overlap.parquet")) > 0
+    proc = run_snakemake(wf, "--report", "report.html", timeout=600)  # captions from figure_list's files
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (wf / "report.html").stat().st_size > 10_000
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def finished_workflow(tmp_path_factory) -> Path:
+    """The whole DAG on tests/config.test.yaml (train, evaluate, kl, sparsity, analysis): minutes."""
+    from conftest import load_test_config, make_workflow_dir, run_snakemake
+
+    wf = make_workflow_dir(tmp_path_factory.mktemp("e2e") / "wf", load_test_config())
+    proc = run_snakemake(wf, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return wf
+
+
+@pytest.mark.slow
+def test_full_workflow_writes_the_analysis_and_an_html_report(finished_workflow):
+    from conftest import load_test_config, run_snakemake
+
+    wf, config = finished_workflow, load_test_config()
+    analysis = wf / "results" / "analysis"
+    metrics = pd.read_parquet(analysis / "metrics.parquet")
+    n_runs = len(paths.run_names(validate_config(config, check_files=False)))
+    assert len(metrics) == n_runs * len(config["data"]["tasks"])
+    trained = metrics[metrics["precision"].notna()]
+    assert trained[["J", "dJ", "kl_k3", "train_steps", "equal_bf16_frac"]].notna().all().all()
+    assert set(trained.loc[trained["precision"] == "bf16", "dtype"]) == {"bfloat16"}
+    result = json.loads((analysis / "stats.json").read_text())
+    assert set(result["verdicts"]) == {"H1", "H2", "H3"} and "gate" in result
+    for name in FIGURES:
+        assert_png(analysis / "figures" / f"{name}.png")
+    text = (analysis / "report.md").read_text()
+    assert all(f"### {h}: " in text for h in ("H1", "H2", "H3"))
+    for rule in ("aggregate", "stats", "figures", "report"):
+        assert (wf / "logs" / rule / f"{rule}.log").exists()
+        assert (wf / "benchmarks" / rule / f"{rule}.tsv").exists()
+    proc = run_snakemake(wf, "--report", "report.html", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    html = wf / "report.html"
+    assert html.exists() and html.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_analysis_settings_rerun_only_the_analysis(finished_workflow):
+    from conftest import planned_jobs, set_key
+
+    cfg = finished_workflow / "config.yaml"
+    original = cfg.read_text()
+    try:
+        assert planned_jobs(finished_workflow) == {}
+        set_key(cfg, "analysis.alpha", 0.01)
+        jobs = planned_jobs(finished_workflow)
+        assert jobs == {"stats": 1, "figures": 1, "report": 1, "all": 1}, jobs
+    finally:
+        cfg.write_text(original)
+
+
+# ----------------------------------------------------------------------------- degenerate but legal tables
+
+
+def test_report_on_zero_spread_says_not_testable_and_shows_n_a_not_nan(flat_data, tmp_path):
+    text = report.render(flat_data.stats, flat_data.metrics, {}, tmp_path / "report.md", SIX_ARMS)
+    assert "**Not passed.**" in text and text.count("**not testable**") == 3 * (len(SIX_ARMS) - 1)
+    assert "the gate did not pass" in text and "n/a" in text
+    assert "| undefined (both 0) [0, ∞] |" in text  # 0/0 ratio: said, not shown as a number
+    assert not re.search(r"\bnan\b|\| *(None|inf) *\||\[None|None\]", text, flags=re.IGNORECASE)
+    assert "autocast_drop" in text
+
+
+@pytest.mark.slow
+def test_analysis_rules_on_a_flat_six_arm_two_seed_table(tmp_path):
+    """The few-step factorial case through snakemake: its 7 arms (autocast names) x 2 seeds x 2 tasks, every
+    dJ and KL exactly 0, no eval noise, no weight changed: stats.json, every figure and report.md."""
+    import yaml
+    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_outputs, run_snakemake
+
+    config = load_test_config()
+    config["precisions"] = yaml.safe_load((REPO / "config.factorial.yaml").read_text())["precisions"]
+    config["seeds"] = [1, 2]
+    config["data"]["tasks"] = {k: v for k, v in config["data"]["tasks"].items() if k in ("add_sub", "mul")}
+    assert tuple(config["precisions"]) == SIX_ARMS
+    wf = make_workflow_dir(tmp_path / "wf", config)
+    placeholder_outputs(wf)
+    roles = {t: config["data"]["tasks"][t]["role"] for t in ("add_sub", "mul")}
+    write_fake_results(wf / "results", precisions=SIX_ARMS, seeds=(1, 2), tasks=roles, flat=True)
+    mark_done(wf)
+    analysis = wf / "results" / "analysis"
+    for path in analysis.rglob("*"):
+        if path.is_file():
+            path.unlink()
+    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((analysis / "stats.json").read_text())
+    assert {v["verdict"] for v in result["verdicts"].values()} == {"not testable"}
+    for name in FIGURES:
+        assert_png(analysis / "figures" / f"{name}.png")
+    text = (analysis / "report.md").read_text()
+    assert "**Not passed.**" in text and "n/a" in text and not re.search(r"\bnan\b", text, re.IGNORECASE)

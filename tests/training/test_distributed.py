@@ -1,0 +1,272 @@
+"""Multi-process training (train.distributed): the launch command, the config checks, the FSDP precision
+policy per arm, and real 2-process gloo runs on CPU (through Snakemake; twice for bit-identity; killed
+and resumed).
+
+FSDP itself cannot run here: accelerate shards only on accelerators (CPU processes become DDP), so its
+tests stop at the plugin the GRPOConfig builds and at the check that refuses a silent fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.commands.launch import launch_command_parser
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from conftest import bit_identical, load_test_config, make_workflow_dir, run_snakemake
+from safetensors.torch import load_file
+
+from workflow_scripts.runtime.config import ConfigError, validate_config
+from workflow_scripts.train import job_from_config
+from workflow_scripts.training.grpo_config import grpo_config
+from workflow_scripts.training.launch import (
+    LaunchError,
+    accelerate_command,
+    launch_env,
+    launch_training,
+    resolve_processes,
+)
+from workflow_scripts.training.metrics_log import read_metrics
+from workflow_scripts.training.precision import PrecisionMode
+from workflow_scripts.training.ranks import check_distribution
+
+ARMS = {
+    "fp32": {"param_dtype": "float32", "autocast": None},
+    "bf16": {"param_dtype": "bfloat16", "autocast": None},
+    "bf16_autocast": {"param_dtype": "float32", "autocast": "bfloat16"},
+}
+
+
+# ------------------------------------------------------------------------------- the launch command
+
+
+def test_null_processes_mean_one_per_gpu_and_one_without_gpu():
+    assert resolve_processes({"processes": None}, gpus=4) == 4
+    assert resolve_processes({"processes": None}, gpus=0) == 1
+    assert resolve_processes({}, gpus=2) == 2
+    assert resolve_processes({"processes": 2}, gpus=0) == 2
+    assert resolve_processes({"processes": 1}, gpus=8) == 1
+
+
+def test_launch_command_is_what_accelerate_parses_as_n_processes_of_the_train_module():
+    cmd = accelerate_command(2, ["--job", "spec.json", "--threads", "1"], threads_per_process=3)
+    assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert "--cpu" not in cmd  # accelerate's --cpu launcher starts ONE process without mpirun
+    args = launch_command_parser().parse_args(cmd[3:])  # accelerate 1.15's own parser
+    assert args.multi_gpu and args.num_processes == 2 and args.num_machines == 1
+    assert args.mixed_precision == "no" and args.dynamo_backend == "no"
+    assert args.main_process_port == 0  # accelerate picks a free port
+    assert args.num_cpu_threads_per_process == 3
+    assert args.module and args.training_script == "workflow_scripts.train"
+    assert args.training_script_args == ["--job", "spec.json", "--threads", "1"]
+
+
+def test_one_process_is_never_launched():
+    with pytest.raises(ValueError, match="not launched"):
+        accelerate_command(1, [])
+
+
+def test_a_failed_launch_raises_with_the_log_and_every_rank_output_is_in_it(tmp_path):
+    log = tmp_path / "logs" / "train.log"
+    config = validate_config(load_test_config(), check_files=False)
+    # a missing data folder: both ranks fail after the imports
+    job = job_from_config(config, "fp32", 1, *(tmp_path / d for d in ("no_data", "no_base", "out", "ckpt")))
+    with pytest.raises(LaunchError, match=r"exited with status [1-9]") as err:
+        launch_training(job, processes=2, threads=2, log_path=log)
+    assert str(log) in str(err.value)
+    text = log.read_text()
+    assert "launching 2 training processes" in text and "no_data" in text
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------- config checks
+
+
+def _problems(distributed: dict, gpus: int = 0, **train) -> str:
+    config = load_test_config()
+    config["train"].update(train, distributed=distributed)
+    config["resources"] = {"train": {"gpus": gpus}}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config, source="mine.yaml", check_files=False)
+    return str(err.value)
+
+
+def test_processes_that_do_not_divide_a_micro_batch_are_refused_naming_file_and_key():
+    # 4 prompts x 4 generations / 1 accumulation step = 16 completions per micro-batch
+    message = _problems({"processes": 3})
+    assert "mine.yaml: train.distributed.processes: 3 processes must divide" in message
+    assert "= 16 / 1 = 16" in message
+
+
+def test_more_processes_than_gpus_are_refused():
+    assert "mine.yaml: train.distributed.processes: 4 processes, but the train job has 2 GPUs" in (
+        _problems({"processes": 4}, gpus=2)
+    )
+
+
+def test_fsdp_on_cpu_or_in_one_process_is_refused():
+    assert "mine.yaml: train.distributed.strategy: fsdp needs GPUs" in _problems({"strategy": "fsdp"})
+    assert "fsdp shards over processes and this run has 1" in _problems({"strategy": "fsdp"}, gpus=1)
+
+
+def test_valid_distributed_settings_pass():
+    config = load_test_config()
+    config["train"]["distributed"] = {"processes": None, "strategy": "fsdp"}
+    config["resources"] = {"train": {"gpus": 4}}
+    validate_config(config, source="mine.yaml", check_files=False)
+    config = load_test_config()
+    validate_config(config, check_files=False)
+    assert config["train"]["distributed"] == {"processes": None, "strategy": "ddp"}  # schema defaults
+
+
+# ------------------------------------------------------------------------ FSDP: the policy per arm
+
+
+def _fsdp_plugin(arm: str, tmp_path) -> tuple[FullyShardedDataParallelPlugin, object]:
+    train = validate_config(load_test_config(), check_files=False)["train"]
+    train["distributed"] = {"processes": 2, "strategy": "fsdp"}
+    mode = PrecisionMode.from_config(arm, ARMS[arm])
+    args = grpo_config(train, mode, 1, tmp_path, world_size=2)
+    plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)  # as the Trainer builds it
+    if args.bf16:  # what AcceleratorState does with the Trainer's mixed precision
+        plugin.set_mixed_precision("bf16")
+    return plugin, args
+
+
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_fsdp_casts_nothing_so_each_arm_keeps_its_dtypes(arm, tmp_path):
+    plugin, args = _fsdp_plugin(arm, tmp_path)
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True  # full sharding
+    assert plugin.state_dict_type.name == "FULL_STATE_DICT"
+    policy = plugin.mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (None, None, None)
+    assert args.bf16 == (ARMS[arm]["autocast"] == "bfloat16") and args.fp16 is False  # autocast unchanged
+
+
+def test_without_the_policy_accelerate_would_gather_and_reduce_in_bf16(tmp_path):
+    _, args = _fsdp_plugin("bf16_autocast", tmp_path)
+    plain = {k: v for k, v in args.fsdp_plugin_args.items() if k != "mixed_precision_policy"}
+    plugin = FullyShardedDataParallelPlugin(**plain)
+    plugin.set_mixed_precision("bf16")
+    assert plugin.mixed_precision_policy.reduce_dtype == torch.bfloat16  # what the policy prevents
+
+
+def test_fsdp_needs_two_processes_at_run_time(tmp_path):
+    train = validate_config(load_test_config(), check_files=False)["train"]
+    train["distributed"] = {"processes": 2, "strategy": "fsdp"}
+    with pytest.raises(ConfigError, match=r"train\.distributed\.strategy: fsdp shards over processes"):
+        grpo_config(train, PrecisionMode.from_config("fp32", ARMS["fp32"]), 1, tmp_path, world_size=1)
+
+
+def test_a_strategy_accelerate_did_not_set_up_is_an_error():
+    fsdp = {"distributed": {"strategy": "fsdp"}}
+    cpu = SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_CPU)
+    with pytest.raises(RuntimeError, match="fsdp, but accelerate runs MULTI_CPU"):
+        check_distribution(cpu, fsdp, 2)
+    check_distribution(SimpleNamespace(num_processes=2, distributed_type=DistributedType.FSDP), fsdp, 2)
+    check_distribution(cpu, {"distributed": {"strategy": "ddp"}}, 2)
+    with pytest.raises(RuntimeError, match="WORLD_SIZE is 4"):
+        check_distribution(cpu, {}, 4)
+
+
+# ------------------------------------------------------------------------ real 2-process CPU runs
+
+
+def _assert_two_rank_run(out, steps: int) -> dict:
+    run = json.loads((out / "run.json").read_text())
+    assert run["world_size"] == 2 and run["strategy"] == "ddp"
+    assert run["distributed_type"] == "MULTI_CPU"  # gloo processes, not one process
+    assert [r["rank"] for r in run["ranks"]] == [0, 1]
+    for rank in run["ranks"]:
+        assert rank["dtypes_start"] == rank["dtypes_end"] == {"float32": run["trainable_tensors"]}
+        assert rank["autocast_observed"]["enabled"] is False
+    assert run["trainer"]["per_device_train_batch_size"] == 16 // 2  # the batch is split, not doubled
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, steps + 1))
+    return run
+
+
+def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(tmp_path):
+    config = load_test_config()
+    config["train"].update(max_steps=4, checkpoint_every=2, kl_every=2, distributed={"processes": 2})
+    config["seeds"] = [1]
+    workdir = make_workflow_dir(tmp_path / "wf", config)
+    target = "results/train/fp32/seed1/run.json"
+    proc = run_snakemake(workdir, target, timeout=400)
+    log = workdir / "logs" / "train" / "fp32" / "seed1.log"
+    assert proc.returncode == 0, proc.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
+    out = workdir / "results" / "train" / "fp32" / "seed1"
+    _assert_two_rank_run(out, 4)
+    # only rank 0 wrote, and only the declared outputs
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "model", "run.json"]
+    assert (out / "model" / "model.safetensors").exists()
+    assert not (workdir / "results" / "checkpoints" / "fp32" / "seed1").exists()
+    text = log.read_text()
+    assert "launching 2 training processes" in text and "--num_processes 2" in text
+    assert "step 4/4" in text  # the ranks' own output, not only the launcher's
+
+
+STEPS = 12  # a kill right after the first checkpoint (step 2) leaves ~10 steps for the parent to die
+
+
+def _job(tiny_base, name: str) -> dict:
+    root = tiny_base["root"] / "distributed" / name
+    config = json.loads(json.dumps(tiny_base["config"]))
+    config["train"].update(max_steps=STEPS, checkpoint_every=2, kl_every=6, learning_rate=1e-3)
+    config["train"]["distributed"] = {"processes": 2, "strategy": "ddp"}
+    data, base = tiny_base["data_dir"], tiny_base["base_dir"]
+    return job_from_config(config, "fp32", 1, data, base, root / "out", root / "ckpt")  # deterministic arm
+
+
+def _weights(job: dict) -> dict[str, torch.Tensor]:
+    return load_file(Path(job["out_dir"]) / "model" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_base) -> dict:
+    job = _job(tiny_base, "a")
+    launch_training(job, processes=2, threads=2, log_path=Path(job["out_dir"]).parent / "train.log")
+    _assert_two_rank_run(Path(job["out_dir"]), STEPS)
+    return _weights(job)
+
+
+def test_two_deterministic_fp32_two_process_runs_give_bit_identical_weights(tiny_base, uninterrupted):
+    assert tiny_base["config"]["precisions"]["fp32"]["deterministic"] is True
+    job = _job(tiny_base, "b")
+    launch_training(job, processes=2, threads=2, log_path=Path(job["out_dir"]).parent / "train.log")
+    _assert_two_rank_run(Path(job["out_dir"]), STEPS)
+    assert bit_identical(uninterrupted, _weights(job))
+    base = load_file(tiny_base["base_dir"] / "model.safetensors")
+    assert not bit_identical(uninterrupted, base)  # training changed the weights
+
+
+_PARENT = "import json, sys; from workflow_scripts.training.launch import launch_training; " + (
+    "launch_training(json.loads(sys.argv[1]), 2, 2, sys.argv[2])"
+)
+
+
+def test_a_killed_two_process_job_stops_its_workers_and_resumes_bit_identically(tiny_base, uninterrupted):
+    job = _job(tiny_base, "killed")
+    out, ckpt = Path(job["out_dir"]), Path(job["ckpt_dir"])
+    log = out.parent / "train.log"
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, json.dumps(job), str(log)], env=launch_env())
+    deadline = time.time() + 120
+    while parent.poll() is None and time.time() < deadline:
+        if (ckpt / "checkpoint-2" / "trainer_state.json").exists():
+            parent.kill()  # as a scheduler kills the train job's process: no cleanup of its own
+            break
+        time.sleep(0.02)
+    assert parent.wait(timeout=30) == -signal.SIGKILL, log.read_text()[-3000:]
+    time.sleep(5)  # orphaned workers would finish the remaining steps by now (and delete ckpt/)
+    assert not (out / "run.json").exists() and ckpt.is_dir()
+
+    launch_training(job, processes=2, threads=2, log_path=log)  # the rerun
+    run = _assert_two_rank_run(out, STEPS)
+    assert run["resumed"] is True and run["resumed_from_step"] >= 2
+    assert bit_identical(uninterrupted, _weights(job))

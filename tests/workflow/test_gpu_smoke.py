@@ -1,0 +1,198 @@
+"""The GPU smoke check's CPU twin: config.gpu-smoke.yaml at tiny dimensions, HF sampler, no vLLM.
+
+It runs the script a GPU run uses (bench/gpu_smoke.sh -> Snakemake -> bench/gpu_smoke.py) into a
+temporary folder and reads its JSON: every check that does not need CUDA passes (dtypes, autocast,
+determinism, base-vs-base KL, the SIGKILL + resume bit-identity of the fp32 arm), and every GPU-only
+one says "not applicable on CPU", never "pass". The unit tests below show the checks can fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+GPU_ONLY = ("device.fp32", "device.bf16", "vllm_train.fp32", "vllm_train.bf16", "vllm_eval", "vllm_seed.fp32",
+            "vllm_seed.bf16", "hf_vs_vllm_pass1", "peak_gpu_memory", "time_budget")  # fmt: skip
+EVERYWHERE = ("workflow", "dtypes.fp32", "dtypes.bf16", "autocast.fp32", "autocast.bf16",
+              "determinism.fp32", "determinism.bf16", "base_kl_zero", "resume_bit_identical",
+              "sampler_gap.fp32", "sampler_gap.bf16", "importance_sampling.fp32",
+              "importance_sampling.bf16")  # fmt: skip
+
+
+def load_smoke():
+    spec = importlib.util.spec_from_file_location("gpu_smoke", REPO / "bench" / "gpu_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def twin_config() -> dict:
+    """config.gpu-smoke.yaml with tiny dimensions and data, the HF sampler and no GPU: nothing else."""
+    config = yaml.safe_load((REPO / "config.gpu-smoke.yaml").read_text())
+    config["model"]["tiny"].update(
+        hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+        sft_steps=100, sft_lr=3e-3, sft_batch_size=32,
+    )  # fmt: skip
+    config["data"]["train"].update(n=200, val_n=40)
+    config["data"]["sft_n"] = 2000
+    config["train"].update(use_vllm=False, prompts_per_step=4, num_generations=4, kl_prompts=4, kl_samples=2)
+    config["eval"].update(backend="hf", n_samples=2, kl_prompts=8, kl_samples=2)
+    config["resources"] = {rule: {"gpus": 0, "cpus": 1} for rule in config["resources"]}
+    return config
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("gpu_smoke")
+    config_path = root / "config.gpu-smoke-cpu.yaml"
+    config_path.write_text(yaml.safe_dump(twin_config(), sort_keys=False))
+    workdir = root / "work"
+    env = {**os.environ, "GPU_SMOKE_CONFIG": str(config_path), "GPU_SMOKE_CORES": "2",
+           "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_smoke.sh"), str(workdir)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=1500)  # fmt: skip
+    out = workdir / "gpu_smoke.json"
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"proc": proc, "json": json.loads(out.read_text()), "workdir": workdir, "config": config_path}
+
+
+def test_cpu_twin_passes_every_check_that_needs_no_gpu(smoke):
+    report, proc = smoke["json"], smoke["proc"]
+    log = (smoke["workdir"] / "snakemake.log").read_text()[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:] + log
+    assert report["passed"] is True and report["failed"] == []
+    assert set(report["checks"]) == set(GPU_ONLY) | set(EVERYWHERE)
+    for name in EVERYWHERE:
+        assert report["checks"][name]["status"] == "pass", (name, report["checks"][name])
+
+
+def test_gpu_only_checks_say_not_applicable_never_pass(smoke):
+    for name in GPU_ONLY:
+        assert smoke["json"]["checks"][name]["status"] == "not applicable on CPU", name
+
+
+def test_resume_check_killed_resumed_and_compared_weights_that_moved(smoke):
+    value = smoke["json"]["checks"]["resume_bit_identical"]["value"]
+    assert value["killed_returncode"] == -9 and value["resumed_returncode"] == 0
+    assert value["killed_after_step"] == value["resumed_from_step"] == 4
+    assert value["tensors_identical"] and value["file_identical"] and value["metrics_identical"]
+    assert value["moved_from_base"]
+
+
+def test_figures_are_read_from_the_run(smoke):
+    figures = smoke["json"]["figures"]
+    for arm in ("fp32", "bf16"):
+        train = figures[f"train.{arm}"]
+        assert train["trained_completion_tokens_per_s"] > 0 and train["vllm"] == {
+            "used": False, "mode": None, "dtype": None, "seed": None, "seed_given": None}  # fmt: skip
+        assert train["sampler_gap"]["rounds_measured"] == 4 and train["loss_scale"] is None
+        assert train["peak_gpu_memory_gb"] is None  # CPU: no GPU memory to report
+    assert figures["train.fp32"]["weights_changed_fraction"] > 0
+    # fp32 without dropout: no gap but rounding (dynamic sampling re-pads the groups it merges)
+    assert figures["train.fp32"]["sampler_gap"]["max"] <= 1e-5
+    assert figures["train.fp32"]["representable_update"] == 1.0
+    assert {v["backend"] for v in figures["eval"].values()} == {"hf"}
+    assert set(figures["eval"]) == {f"{r}/mcq" for r in ("base", "base-bfloat16", "fp32-s1", "bf16-s1")}
+    assert figures["eval_speed"]["hf_tokens_per_s"] > 0
+    assert figures["base_model"]["parameters"] > 0 and figures["base_model"]["device"] == "cpu"
+    assert {"base_model", "train", "evaluate", "sparsity"} <= set(figures["stage_seconds"])
+
+
+# ------------------------------------------------------------------------- the checks can fail
+
+
+def test_a_wrong_dtype_fails_its_check(smoke):
+    gs = load_smoke()
+    config = gs.load_config(smoke["config"])
+    config["precisions"]["bf16"]["param_dtype"] = "float32"  # what the run did not do
+    report = gs.Report(gpu=False)
+    gs.arm_checks(report, config, smoke["workdir"] / "results")
+    assert report.checks["dtypes.bf16"]["status"] == "fail"
+    assert report.checks["dtypes.fp32"]["status"] == "pass"
+
+
+def test_a_gpu_only_check_is_not_applicable_on_cpu_whatever_its_result():
+    gs = load_smoke()
+    cpu, gpu = gs.Report(gpu=False), gs.Report(gpu=True)
+    for report in (cpu, gpu):
+        report.check("ok", "", lambda: (True, 1), gpu_only=True)
+        report.check("bad", "", lambda: (False, 1), gpu_only=True)
+        report.check("raises", "", lambda: 1 / 0)
+    assert [cpu.checks[n]["status"] for n in ("ok", "bad")] == ["not applicable on CPU"] * 2
+    assert [gpu.checks[n]["status"] for n in ("ok", "bad", "raises")] == ["pass", "fail", "fail"]
+    assert "ZeroDivisionError" in gpu.checks["raises"]["value"] and gpu.failed == ["bad", "raises"]
+
+
+def test_samplers_that_disagree_fail_the_backend_check():
+    gs = load_smoke()
+    summary = {"backend": "vllm", "pass_at_1": 0.30, "pass_at_1_se": 0.02}
+    close = {"run": "fp32-s1", "task": "mcq", "workflow": summary,
+             "summary": {"backend": "hf", "pass_at_1": 0.33, "pass_at_1_se": 0.02}}  # fmt: skip
+    far = {**close, "summary": {"backend": "hf", "pass_at_1": 0.60, "pass_at_1_se": 0.02}}
+    assert gs.compare_backends(close)[0] is True
+    assert gs.compare_backends(far)[0] is False
+
+
+def test_device_memory_peak_from_nvidia_smi_samples(tmp_path):
+    gs = load_smoke()
+    log = tmp_path / "gpu_memory.csv"
+    log.write_text("1024, 143771\n52000, 143771\n\n800, 143771\n")
+    assert gs.device_memory_peak(log) == {"peak_mib": 52000, "total_mib": 143771, "samples": 3}
+    log.write_text("")
+    with pytest.raises(ValueError):
+        gs.device_memory_peak(log)
+
+
+def test_report_exits_nonzero_when_a_check_fails(smoke, tmp_path, monkeypatch):
+    gs = load_smoke()
+    monkeypatch.setattr(gs, "resume_check", lambda *a: (False, "forced failure"))
+    out = tmp_path / "report.json"
+    argv = ["report", "--config", str(smoke["config"]), "--workdir", str(smoke["workdir"]), "--out", str(out),
+            "--snakemake-rc", "0", "--snakemake-seconds", "1"]  # fmt: skip
+    assert gs.main(argv) == 1
+    report = json.loads(out.read_text())
+    assert report["passed"] is False and report["failed"] == ["resume_bit_identical"]
+    assert Path(report["config"]) == Path(smoke["config"]).resolve()
+
+
+def test_twin_base_model_has_grouped_query_attention(smoke):
+    saved = json.loads((smoke["workdir"] / "results" / "models" / "base" / "config.json").read_text())
+    assert saved["architectures"] == ["LlamaForCausalLM"]
+    assert (saved["num_attention_heads"], saved["num_key_value_heads"]) == (4, 2)
+
+
+def test_shipped_smoke_model_is_a_llama_of_qwen25_05b_size():
+    import torch
+
+    from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
+    from workflow_scripts.runtime.config import load_config
+
+    tiny = load_config(REPO / "config.gpu-smoke.yaml", check_files=False)["model"]["tiny"]
+    tokenizer = build_char_tokenizer()
+    with torch.device("meta"):  # shapes only: no 1.4 GB of weights on a test machine
+        model = build_tiny_llama(len(tokenizer), tiny, tokenizer)
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size) == (896, 24, 4864)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (14, 2)
+    assert 0.35e9 < sum(p.numel() for p in model.parameters()) < 0.37e9  # Qwen2.5-0.5B without embeddings
+
+
+def test_num_kv_heads_must_divide_num_heads():
+    from workflow_scripts.runtime.config import ConfigError, validate_config
+
+    config = yaml.safe_load((REPO / "config.gpu-smoke.yaml").read_text())
+    config["model"]["tiny"]["num_kv_heads"] = 3
+    with pytest.raises(
+        ConfigError, match=r"model\.tiny\.num_kv_heads: must divide model\.tiny\.num_heads \(14\)"
+    ):
+        validate_config(config, source="smoke.yaml", check_files=False)

@@ -1,0 +1,106 @@
+"""Every config the repo ships plans, with the exact command the README gives for it, only its own jobs.
+
+`--configfile X` means X alone: the workflow dir also holds the default config.yaml, so a task, an arm
+or a setting leaking in from it would show up in the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, SNAKEMAKE, make_workflow_dir
+
+from workflow_scripts.runtime import paths
+from workflow_scripts.runtime.config import load_config
+
+pytestmark = pytest.mark.slow
+SHIPPED = sorted(p.name for p in REPO.glob("config*.yaml"))
+
+
+def readme_command(config_name: str) -> list[str]:
+    """The README's local (non-SLURM) snakemake command for a shipped config, as argv."""
+    readme = (REPO / "README.md").read_text()
+    if config_name == "config.yaml":
+        pattern = r"`(snakemake --cores \d+)`"
+    else:
+        pattern = rf"`(snakemake [^`]*--configfile {re.escape(config_name)}[^`]*)`"
+    commands = [c for c in re.findall(pattern, readme) if "--profile" not in c]
+    assert commands, f"README gives no command for {config_name}"
+    return shlex.split(commands[0])
+
+
+def expected_jobs(config: dict) -> dict[str, int]:
+    arms, seeds, tasks = len(config["precisions"]), len(config["seeds"]), len(config["data"]["tasks"])
+    runs = len(paths.run_names(config))
+    assert runs == len(paths.base_runs(config)) + arms * seeds
+    return {
+        "prepare_eval": tasks,
+        "prepare_train": 1,
+        "base_model": 1,
+        "train": arms * seeds,
+        "evaluate": runs * tasks,
+        "sparsity": arms * seeds,
+        "overlap": arms,
+        "aggregate": 1,
+        "stats": 1,
+        "figures": 1,
+        "report": 1,
+        "all": 1,
+    }
+
+
+def dry_run(workdir: Path, argv: list[str]) -> str:
+    assert argv[0] == "snakemake"
+    cmd = [SNAKEMAKE, "--dry-run", *argv[1:]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    lines = stdout.splitlines()
+    start = lines.index("Job stats:") + 3
+    jobs = {}
+    for line in lines[start:]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_config_plans_its_own_jobs_with_the_readme_command(tmp_path, name):
+    default = yaml.safe_load((REPO / "config.yaml").read_text())
+    wf = make_workflow_dir(tmp_path / "wf", default)  # config.yaml beside it, always
+    shutil.copy2(REPO / name, wf / name)
+    config = load_config(REPO / name, check_files=False)
+    out = dry_run(wf, readme_command(name))
+    assert job_counts(out) == expected_jobs(config)
+    outputs = " ".join(re.findall(r"^\s*output: (.*)$", out, flags=re.M))
+    tasks = set(re.findall(r"results/eval/[^/\s]+/(\w+)\.json", outputs))
+    arms = set(re.findall(r"results/train/(\w+)/seed\d+/run\.json", outputs))
+    runs = set(re.findall(r"results/eval/([^/\s]+)/", outputs))
+    assert tasks == set(config["data"]["tasks"])
+    assert arms == set(config["precisions"])
+    assert runs == set(paths.run_names(config))
+
+
+def test_paper_config_plans_exactly_the_paper_tasks_and_arms(tmp_path):
+    """README's paper-scale command: the paper's 7 tasks, 2 arms x 5 seeds, nothing of config.yaml."""
+    wf = make_workflow_dir(tmp_path / "wf", yaml.safe_load((REPO / "config.yaml").read_text()))
+    shutil.copy2(REPO / "config.paper.yaml", wf)
+    out = dry_run(wf, shlex.split("snakemake -n --cores 8 --configfile config.paper.yaml"))
+    tasks = set(re.findall(r"results/eval/[^/\s]+/(\w+)\.json", out))
+    assert tasks == {"math500", "aime24", "aime25", "amc23", "gsm8k", "mmlu_stem", "humaneval"}
+    assert set(re.findall(r"results/train/(\w+)/seed(\d+)/run\.json", out)) == {
+        (arm, str(seed)) for arm in ("fp32", "bf16") for seed in range(1, 6)
+    }

@@ -1,0 +1,195 @@
+"""KL(pi_theta || pi_0) to the base policy, estimated from samples of pi_theta.
+
+One estimator serves the training-time KL log and the ``kl`` rule. Completions are drawn from
+pi_theta at temperature 1 and top_p 1 (the evaluation samples at T=0.7/top_p=0.8 are not draws
+from pi_theta), teacher-forced through both models, and log-probabilities summed per sequence:
+
+| estimator | per sequence, with log r = log pi_0(y|x) - log pi_theta(y|x) | property                     |
+|-----------|---------------------------------------------------------------|------------------------------|
+| k1        | -log r                                                        | unbiased, can be negative    |
+| k3        | exp(log r) - 1 - log r                                        | unbiased, >= 0, lower var.   |
+
+Per-prompt means are averaged over prompts; the standard error is across prompts (the prompt is the
+unit: samples of one prompt are not independent draws of the task-level KL).
+
+What is estimated: the KL between the two distributions over *generations*, i.e. completions cut at
+``max_new_tokens``: a completion that ended with an end token is scored with that token, a truncated
+one without any (its probability is that of the prefix). Both are proper distributions over the same
+finite set, so the estimate is the exact sequence-level KL of what generation produces (the tests
+enumerate that set for a tiny model and compare).
+
+Numerics: each model runs in its own dtype (a bf16 run stays bf16, pi_0 as saved); the logits of the
+scored positions are cast to float64 before the log-softmax, and the sums are float64. Only the logits of
+the completion positions are computed when the model supports ``logits_to_keep``. Batches are ordered by
+length and bounded by memory (``generation.scoring_bytes_per_sequence``). Sampling uses the KV cache and
+scoring one full forward pass, so in bf16 the two see slightly different rounding of the same policy;
+that is noise of the order of bf16 spacing per token, not a bias of the estimator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from workflow_scripts.models.generation import (
+    bounded_batch_size,
+    memory_budget_bytes,
+    sample_completions,
+    scoring_bytes_per_sequence,
+)
+
+
+def _supports_logits_to_keep(model) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@torch.inference_mode()
+def sequence_logprobs(
+    model,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    batch_size: int = 64,
+    *,
+    memory_budget_gb: float | None = None,
+) -> torch.Tensor:
+    """Sum of log pi(completion | prompt) per pair, teacher-forced in batched forward passes (float64).
+
+    Left padding with explicit position ids; an empty completion scores 0 (log 1).
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    out = torch.zeros(len(prompts), dtype=torch.float64)
+    order = sorted(range(len(prompts)), key=lambda j: -(len(prompts[j]) + len(completions[j])))
+    order = [j for j in order if completions[j]]
+    budget = memory_budget_bytes(device, memory_budget_gb)
+    keep_logits = _supports_logits_to_keep(model)
+    start = 0
+    while start < len(order):
+        head = order[start]
+        width = len(prompts[head]) + len(completions[head])
+        scored = max(len(completions[j]) for j in order[start : start + batch_size])
+        size = bounded_batch_size(batch_size, scoring_bytes_per_sequence(model, width, scored), budget)
+        chunk = order[start : start + size]
+        start += size
+        scored = max(len(completions[j]) for j in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, j in enumerate(chunk):
+            seq = list(prompts[j]) + list(completions[j])
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        kwargs = {"logits_to_keep": scored + 1} if keep_logits else {}
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, **kwargs).logits
+        # Positions width-scored-1 .. width-2 predict the last `scored` tokens (right-aligned completions).
+        logits = logits[:, -(scored + 1) : -1]
+        targets = ids[:, -scored:]
+        logp = torch.log_softmax(logits.double(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+        lengths = torch.tensor([len(completions[j]) for j in chunk], device=device)
+        in_completion = torch.arange(scored, device=device)[None, :] >= (scored - lengths)[:, None]
+        sums = (logp * in_completion).sum(-1).cpu()
+        out[torch.tensor(chunk)] = sums
+    return out
+
+
+@dataclass(frozen=True)
+class KLEstimate:
+    k1_mean: float
+    k1_se: float
+    k3_mean: float
+    k3_se: float
+    n_prompts: int
+    n_samples: int
+    per_prompt_k1: list[float]
+    per_prompt_k3: list[float]
+    mean_length: float | None = None  # generated tokens per sample (end token included)
+    truncated_frac: float | None = None  # samples that hit max_new_tokens
+    sample_seconds: float | None = None
+    score_seconds: float | None = None  # teacher-forcing through both models
+    per_sequence_k1: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        out = self.__dict__.copy()
+        out.pop("per_sequence_k1")
+        return out
+
+
+def kl_from_logprobs(
+    logp_policy: torch.Tensor, logp_ref: torch.Tensor, prompt_index: list[int]
+) -> KLEstimate:
+    """k1/k3 per sequence -> per-prompt means -> mean and SE across prompts (prompts in index order)."""
+    log_r = (logp_ref - logp_policy).double()
+    k1 = -log_r
+    k3 = torch.expm1(log_r) - log_r
+    index = torch.tensor(prompt_index)
+    prompts = torch.unique(index)
+    per_k1 = torch.stack([k1[index == p].mean() for p in prompts])
+    per_k3 = torch.stack([k3[index == p].mean() for p in prompts])
+
+    def mean_se(x: torch.Tensor) -> tuple[float, float]:
+        se = float(x.std(unbiased=True) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+        return float(x.mean()), se
+
+    (m1, s1), (m3, s3) = mean_se(per_k1), mean_se(per_k3)
+    n_samples = len(prompt_index) // max(1, len(prompts))
+    return KLEstimate(
+        m1, s1, m3, s3, len(prompts), n_samples, per_k1.tolist(), per_k3.tolist(), per_sequence_k1=k1.tolist()
+    )
+
+
+def estimate_kl(
+    policy,
+    reference,
+    tokenizer,
+    prompts: list[str],
+    n_samples: int = 4,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+    seed: int = 0,
+    *,
+    memory_budget_gb: float | None = None,
+) -> KLEstimate:
+    """Sample from ``policy`` at T=1, top_p=1 and estimate KL(policy || reference) per sequence."""
+    if policy is reference:
+        raise ValueError("policy and reference must be separate model objects (pass a copy)")
+    t0 = time.perf_counter()
+    completions = sample_completions(
+        policy,
+        tokenizer,
+        prompts,
+        n_samples=n_samples,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        seed=seed,
+        memory_budget_gb=memory_budget_gb,
+    )
+    t1 = time.perf_counter()
+    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    p_list = [prompt_ids[c.prompt_index] for c in completions]
+    c_list = [list(c.token_ids) + ([] if c.stop_token_id is None else [c.stop_token_id]) for c in completions]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    budget = {"memory_budget_gb": memory_budget_gb}
+    logp_policy = sequence_logprobs(policy, p_list, c_list, pad, batch_size, **budget)
+    logp_ref = sequence_logprobs(reference, p_list, c_list, pad, batch_size, **budget)
+    t2 = time.perf_counter()
+    est = kl_from_logprobs(logp_policy, logp_ref, [c.prompt_index for c in completions])
+    n = max(1, len(completions))
+    return dataclasses.replace(
+        est,
+        mean_length=sum(c.num_tokens for c in completions) / n,
+        truncated_frac=sum(c.truncated for c in completions) / n,
+        sample_seconds=t1 - t0,
+        score_seconds=t2 - t1,
+    )

@@ -1,0 +1,66 @@
+"""What each workflow job asks the scheduler for (GPUs, threads, memory), from config `resources:`.
+
+One place turns the config's ``resources:`` section (schema: ``schemas/config.schema.yaml``) into the
+``threads:`` and ``resources:`` of every rule (``rules/common.smk`` calls ``job_threads`` and
+``snakemake_resources``), so no rule file holds a GPU count, and a local run (``--cores``,
+``--resources gpu=N``, ``gpu_slots``) and a SLURM run (``profiles/slurm``) read the same numbers. Torch-free.
+
+| config key (per rule)  | Snakemake                 | sbatch flag (snakemake-executor-plugin-slurm 2.8.0)  |
+|------------------------|---------------------------|------------------------------------------------------|
+| gpus                   | resources.gpu             | --gpus=N (none when 0)                               |
+| cpus                   | threads (CPU cores of the | CPU job: --cpus-per-task=threads; GPU job:           |
+|                        | whole job)                | --cpus-per-gpu=ceil(threads / gpus) (cpus_per_gpu)   |
+| mem_mb                 | resources.mem_mb          | --mem=mem_mb (MB per node; the job has one node)     |
+
+The train job's threads are at least its training processes (``train.distributed.processes``, or one per
+GPU when that is null): every process of a multi-process run needs a core of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from workflow_scripts.training.launch import resolve_processes
+
+KEYS = ("gpus", "cpus", "mem_mb")
+DEFAULT = "default"
+
+
+def rule_resources(config: Mapping, rule: str) -> dict[str, int]:
+    """``{gpus, cpus, mem_mb}`` of one rule's job in a validated config (defaults already filled).
+
+    ``resources.<rule>`` key by key, a key it leaves out (or a rule without an entry) from
+    ``resources.default``. The schema fills the listed rules' own defaults, so only the other rules
+    fall back to ``default``.
+    """
+    section = config["resources"]
+    entry = section.get(rule) or {}
+    return {key: int(entry.get(key, section[DEFAULT][key])) for key in KEYS}
+
+
+def train_processes(config: Mapping) -> int:
+    """Processes of one training run, by the train stage's own rule (``launch.resolve_processes``)."""
+    return resolve_processes(config["train"].get("distributed"), rule_resources(config, "train")["gpus"])
+
+
+def job_threads(config: Mapping, rule: str) -> int:
+    """The rule's ``threads:``: its ``cpus``; for train at least one core per training process."""
+    cpus = rule_resources(config, rule)["cpus"]
+    if rule == "train":
+        return max(cpus, train_processes(config))
+    return cpus
+
+
+def snakemake_resources(config: Mapping, rule: str) -> dict[str, int]:
+    """The rule's ``resources:``: ``gpu`` and ``mem_mb``, and ``cpus_per_gpu`` on a GPU job.
+
+    ``cpus_per_gpu`` exists because the SLURM plugin sends ``--cpus-per-task=threads`` even for a GPU
+    job unless it is set (snakemake_executor_plugin_slurm_jobstep.get_cpu_setting); rounding up keeps
+    the job's cores >= its threads.
+    """
+    res = rule_resources(config, rule)
+    out = {"gpu": res["gpus"], "mem_mb": res["mem_mb"]}
+    if res["gpus"] > 0:
+        out["cpus_per_gpu"] = math.ceil(job_threads(config, rule) / res["gpus"])
+    return out

@@ -1,0 +1,91 @@
+"""Thread control of a job: exactly the rule's ``threads`` in every pool, and idle threads that sleep.
+
+Two CPU-bound jobs on two cores slow each other down badly when each spawns a thread per core or when
+their idle threads spin: libgomp's default wait policy busy-waits for a while after every parallel
+region, stealing the neighbour's core (base_model measured 128 s alone, 1018 s beside another job).
+
+| pool                        | set by                                      | when it must be set        |
+|-----------------------------|---------------------------------------------|----------------------------|
+| OpenMP wait (libgomp, iomp) | OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=0,  | before torch is imported   |
+|                             | KMP_BLOCKTIME=0                             | (libgomp reads env at load)|
+| OpenMP / BLAS sizes         | OMP/MKL/OPENBLAS/GOTO/VECLIB/NUMEXPR_NUM_THREADS | before torch is imported |
+| torch intra-op              | torch.set_num_threads                       | any time                   |
+| torch inter-op              | torch.set_num_interop_threads               | before the first inter-op  |
+|                             |                                             | task (else it is kept)     |
+| tokenizers (Rayon)          | RAYON_NUM_THREADS, TOKENIZERS_PARALLELISM   | before the first batch     |
+
+Importing this module sets the passive-wait variables (unless already set), so a stage module imports it
+before torch: its first import line is ``from workflow_scripts.runtime import threads``. Snakemake already
+exports the ``*_NUM_THREADS`` sizes for ``script:`` jobs; ``limit_threads(n)`` (called by
+``smk.main_from`` for every job, and by CLIs) sets all of the table again for ``n`` and is idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+
+PASSIVE_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0"}
+SIZE_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+            "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "RAYON_NUM_THREADS")  # fmt: skip
+
+log = logging.getLogger("threads")
+
+for _key, _value in PASSIVE_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+
+def limit_threads(n: int | None) -> dict:
+    """Use exactly ``n`` threads in this process (see the module table); returns what was set.
+
+    torch's pools are sized only if torch is already imported (every torch stage imports it at module
+    level, before its entry runs): a stage without torch (aggregate, stats, figures) must not pay ~2 s to
+    import it here. A torch imported later still reads the ``*_NUM_THREADS`` set here for its intra-op
+    pool."""
+    n = max(1, int(n or 1))
+    for key in SIZE_ENV:
+        os.environ[key] = str(n)
+    os.environ.update(PASSIVE_ENV)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if n > 1 else "false"
+    state: dict = {"threads": n, "torch": False}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return state
+    torch.set_num_threads(n)
+    # Raises once set, or once inter-op work ran: the pool then keeps its size (warned below).
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(n)
+    state.update(torch=True, intra_op=torch.get_num_threads(), inter_op=torch.get_num_interop_threads())
+    if state["inter_op"] != n:
+        log.warning("torch inter-op pool already has %d threads (asked %d)", state["inter_op"], n)
+    return state
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (interpreter start-up, imports, everything so far)."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):  # not Linux: psutil knows
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+
+
+STARTUP_TAG = "STARTUP"
+
+
+def log_startup(import_s: float, load_s: float = 0.0) -> None:
+    """One log line ``STARTUP {"import_s": .., "load_s": ..}`` that bench/bench_default.py sums over jobs.
+
+    ``import_s``: ``process_age_s()`` when the stage's ``run`` starts (interpreter, Snakemake's
+    preamble, imports); ``load_s``: seconds spent loading models/tokenizers before the work starts."""
+    import json
+
+    log.info("%s %s", STARTUP_TAG, json.dumps({"import_s": round(import_s, 3), "load_s": round(load_s, 3)}))

@@ -1,0 +1,216 @@
+"""One scope of the analysis (a role's tasks, or a single task) for every arm: the variance model's
+whole seed variance and its parts with power (``model_scope``), the classical tests on the model's unit
+(``classical_scope``), and the eval-noise share of the across-seed variance (``noise_share``).
+
+``stats.analyze`` calls these per role, quantity and task; they are separate so the calibration tests
+can run one scope on simulated tables without the rest of the analysis."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workflow_scripts.statistics import power as pw
+from workflow_scripts.statistics import variance_model as vm
+from workflow_scripts.statistics import verdicts as vd
+from workflow_scripts.statistics.stat_tests import (
+    compare_means,
+    compare_variances,
+    describe,
+    paired,
+    pooled_var,
+    rng_for,
+    skip,
+)
+
+QUANTITIES = {"dJ": ("dJ", "noise"), "kl": ("kl", "kl_var")}
+
+
+def units(rows: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
+    """One row per run: mean over ``tasks`` of dJ and KL; noise of a mean of T tasks = sum(noise)/T^2."""
+    sub = rows[rows["task"].isin(tasks)]
+    t = len(tasks)
+    g = sub.groupby("run", sort=True)
+    return pd.DataFrame(
+        {
+            "precision": g["precision"].first(),
+            "seed": g["seed"].first(),
+            "y": g["dJ"].mean(),
+            "noise": g["noise"].sum() / t**2,
+            "kl": g["kl"].sum(min_count=t) / t,
+            "kl_noise": g["kl_var"].sum() / t**2,
+        }
+    )
+
+
+def arm_matrix(
+    rows: pd.DataFrame, arm: str, tasks: Sequence[str], col: str, ncol: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seeds, values, known noise) of one arm: seeds x tasks in seed order (numpy, not pivot: this runs
+    per simulated table); a run lacking a task has NaN there."""
+    sub = rows[(rows["precision"] == arm) & rows["task"].isin(tasks)]
+    r_codes, runs = pd.factorize(sub["run"])
+    t_idx = sub["task"].map({t: i for i, t in enumerate(tasks)}).to_numpy()
+    y, v = np.full((len(runs), len(tasks)), np.nan), np.zeros((len(runs), len(tasks)))
+    y[r_codes, t_idx] = sub[col].to_numpy(dtype=float)
+    v[r_codes, t_idx] = sub[ncol].to_numpy(dtype=float)
+    seeds = sub["seed"].to_numpy()[np.unique(r_codes, return_index=True)[1]]
+    order = np.argsort(seeds, kind="stable")
+    return seeds[order], y[order], v[order]
+
+
+def noise_share(values: np.ndarray, noise: np.ndarray) -> dict[str, Any]:
+    """Eval-noise share of the across-seed variance of one arm's run x task values (seeds x tasks): mean
+    noise variance / per-task variance across seeds pooled over tasks (what the statistic compares)."""
+    if len(values) < 2:
+        return {"share": None, "noise_var": float(noise.mean()) if noise.size else None, "observed_var": None}
+    observed = float(pooled_var(values))
+    mean_noise = float(noise.mean())
+    return {
+        "share": mean_noise / observed if observed > 0 else None,
+        "noise_var": mean_noise,
+        "observed_var": observed,
+        "df": int(values.shape[1] * (len(values) - 1)),
+    }
+
+
+def classical_scope(
+    rows: pd.DataFrame, tasks: Sequence[str], arms: Sequence[str], cfg: Mapping, key: str, margin: float
+) -> dict:
+    """Per-arm summaries and arm-vs-reference classical comparisons of dJ and KL for one scope: means of
+    one mean over the tasks per run, variances of the per-task variance pooled over the tasks."""
+    alpha = float(cfg["alpha"])
+    has_kl = bool(rows.loc[rows["task"].isin(tasks), "kl"].notna().all()) and len(rows) > 0
+    mats = {a: {q: arm_matrix(rows, a, tasks, *cols) for q, cols in QUANTITIES.items()} for a in arms}
+    arm_blocks = {}
+    for a in arms:
+        seeds, y, v = mats[a]["dJ"]
+        block = {"n_seeds": len(seeds), "seeds": seeds.tolist(), "dJ": describe_arm(y, v, alpha)}
+        if has_kl:
+            block["kl_k3"] = describe_arm(*mats[a]["kl"][1:], alpha)
+        arm_blocks[a] = block
+    comparisons = {}
+    for i, a in enumerate(arms[1:], 1):
+        rng = rng_for(cfg["seed"], f"{key}/{i}")
+        comp: dict[str, Any] = {
+            "paired": False,
+            "n_seeds": [len(mats[a]["dJ"][0]), len(mats[arms[0]]["dJ"][0])],
+        }
+        for q in QUANTITIES:
+            if q == "kl" and not has_kl:
+                comp["kl_mean"] = comp["kl_var"] = skip("KL (kl_k3) missing for some runs or tasks")
+                continue
+            (sx, x, nx), (sy, y, ny) = mats[a][q], mats[arms[0]][q]
+            pairs = paired(x, sx, y, sy)
+            mean_pairs = (pairs[0].mean(axis=1), pairs[1].mean(axis=1)) if pairs is not None else None
+            comp["paired"] = comp["paired"] or pairs is not None
+            comp[f"{q}_mean"] = compare_means(x.mean(axis=1), y.mean(axis=1), mean_pairs, alpha, margin)
+            comp[f"{q}_var"] = compare_variances(x, y, float(nx.mean()), float(ny.mean()), pairs, cfg, rng)
+        comparisons[a] = comp
+    return {"reference": arms[0], "arms": arm_blocks, "comparisons": comparisons}
+
+
+def describe_arm(y: np.ndarray, v: np.ndarray, alpha: float) -> dict[str, Any]:
+    """One arm: the mean over tasks per run across seeds (``describe``) and the pooled per-task variance
+    across seeds with its eval noise (the variance unit of the tests)."""
+    t = max(y.shape[1], 1)
+    block = describe(y.mean(axis=1), alpha)
+    block["noise_var_of_mean"] = float(v.sum(axis=1).mean()) / t**2 if len(v) else None
+    ns = noise_share(y, v)
+    block["pooled_var"] = ns["observed_var"]
+    block["noise_var"] = ns["noise_var"]
+    block["pooled_var_corrected"] = (
+        max(ns["observed_var"] - ns["noise_var"], 0.0) if ns["observed_var"] is not None else None
+    )
+    block["noise_share"] = ns["share"]
+    return block
+
+
+def arm_data_of(rows: pd.DataFrame, arm: str, tasks: Sequence[str], col: str, ncol: str) -> vm.ArmData:
+    """Seeds x tasks values and known noise of one arm, as the mixed model takes them."""
+    _, y, v = arm_matrix(rows, arm, tasks, col, ncol)
+    return vm.arm_data(y, v)
+
+
+def model_scope(
+    rows: pd.DataFrame,
+    tasks: Sequence[str],
+    arms: Sequence[str],
+    quantity: str,
+    cfg: Mapping,
+    key: str,
+    power_for: str | None,
+) -> dict[str, Any]:
+    """Mixed-model fits of one role and quantity: per-arm components (whole, shared, seed x task) and
+    arm-vs-reference comparisons of the whole seed variance, with power.
+
+    ``power_for``: None, 'detect' or 'equivalence' (which power block the verdict of this scope needs).
+    """
+    col, ncol = QUANTITIES[quantity]
+    if rows.loc[rows["task"].isin(tasks), col].isna().any():
+        return {"status": "failed", "reason": f"{quantity} missing for some runs of these tasks"}
+    datas = {a: arm_data_of(rows, a, tasks, col, ncol) for a in arms}
+    scale = vm.scale_of(*datas.values())
+    if not scale > 0:
+        return {"status": "failed", "reason": f"no variation in {quantity} and no eval noise"}
+    grid, floor = vm.Grid.around(scale), scale * 1e-12
+    alpha = float(cfg["alpha"])
+    fits = {a: vm.fit_arm(d, grid, floor) for a, d in datas.items()}
+    out: dict[str, Any] = {
+        "status": "ok",
+        "tasks": list(tasks),
+        "grid_step": grid.step,
+        "arms": {a: f.summary(grid, alpha, floor) for a, f in fits.items()},
+        "comparisons": {},
+    }
+    for i, a in enumerate(arms[1:], 1):
+        rng = rng_for(cfg["seed"], f"model/{key}/{i}")
+        comp = vm.compare_arms(fits[a], fits[arms[0]], grid, alpha, int(cfg["bootstrap"]), rng, floor)
+        if power_for and comp.get("status") == "ok":
+            comp["power"] = pw.power_block(
+                fits[a],
+                fits[arms[0]],
+                vm.null_fit(fits[a], fits[arms[0]], grid),
+                dict(cfg),
+                rng_for(cfg["seed"], f"power/{key}/{i}"),
+                floor,
+                equivalence=power_for == "equivalence",
+            )
+        out["comparisons"][a] = comp
+    failed = [f"{a}: {f.reason}" for a, f in fits.items() if f.status != "ok"]
+    if failed:
+        out["status"], out["reason"] = "failed", "; ".join(failed)
+    return out
+
+
+NOISE_SHARE_WARN = 0.5  # report.md warns when a verdict rests on an eval-noise share above this
+
+
+def noise_share_block(by_type: Mapping, arms: Sequence[str], controls: Mapping[str, str]) -> dict[str, Any]:
+    """by_role[role][quantity][arm] = {share, noise_var, observed_var} (``noise_share`` of the classical
+    arm blocks) and at_risk[hypothesis] = {arm: share} for the arms its verdict compares (the reference
+    and the non-control arms) above ``NOISE_SHARE_WARN`` (that verdict rests mostly on measurement noise)."""
+    by_role: dict[str, dict] = {}
+    for role, scope in by_type.items():
+        by_role[role] = {}
+        for q, key in (("dJ", "dJ"), ("kl", "kl_k3")):
+            blocks = {a: (scope["arms"].get(a) or {}).get(key) for a in arms}
+            by_role[role][q] = {
+                a: {"share": b["noise_share"], "noise_var": b["noise_var"], "observed_var": b["pooled_var"]}
+                for a, b in blocks.items()
+                if b
+            }
+    at_risk = {}
+    for h, (role, q) in vd.SCOPES.items():
+        shares = by_role.get(role, {}).get(q, {})
+        high = {
+            a: b["share"]
+            for a, b in shares.items()
+            if a not in controls and (b["share"] or 0) > NOISE_SHARE_WARN
+        }
+        if high:
+            at_risk[h] = high
+    return {"by_role": by_role, "warn_above": NOISE_SHARE_WARN, "at_risk": at_risk}

@@ -1,0 +1,85 @@
+"""Resumable training checkpoints: where they live, which one a rerun resumes from, and when to discard.
+
+Checkpoints go to ``ckpt_dir`` (``results/checkpoints/{precision}/seed{seed}``), OUTSIDE the rule's
+outputs: Snakemake deletes ``directory()`` outputs, and the outputs of a failed job, before the job
+reruns. Every ``save_steps`` steps the Trainer saves weights, optimizer, scheduler, RNG states
+(rng_state.pth: python, numpy, torch CPU and CUDA generators) and trainer state; only the latest is kept.
+A rerun resumes from the newest COMPLETE checkpoint (trainer_state.json written, which the Trainer does
+last; incomplete ones are deleted). Checkpoints sit on generation-round boundaries
+(``grpo_config.save_steps``) because TRL keeps the current round's rollouts only in memory. A
+``run_key.json`` (hash of the train section, mode, seed and the base-model/data files) guards the
+folder: checkpoints of a different configuration are deleted, never resumed. The RNG/optimizer files
+are read with ``torch.load(weights_only=True)`` by transformers; they are this run's own files anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from workflow_scripts.runtime.atomic import write_json
+from workflow_scripts.runtime.config import section_hash
+from workflow_scripts.training.precision import PrecisionMode
+
+log = logging.getLogger("train")
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """The Trainer writes trainer_state.json after weights, optimizer, scheduler and RNG state."""
+    try:
+        json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return any(path.glob("*.safetensors")) and (path / "optimizer.pt").exists()
+
+
+def latest_complete_checkpoint(ckpt_dir: Path, remove_incomplete: bool = True) -> Path | None:
+    """The newest complete ``checkpoint-N`` folder; incomplete ones (a kill mid-save) are deleted."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = sorted(
+        (p for p in ckpt_dir.glob("checkpoint-*") if p.name.rsplit("-", 1)[1].isdigit()), key=checkpoint_step
+    )
+    latest = None
+    for path in found:
+        if is_complete_checkpoint(path):
+            latest = path
+        elif remove_incomplete:
+            log.warning("removing incomplete checkpoint %s", path)
+            shutil.rmtree(path, ignore_errors=True)
+    return latest
+
+
+def _file_signature(paths: list[Path]) -> list:
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in paths if p.is_file()]
+
+
+def run_key(train_cfg: Mapping, mode: PrecisionMode, seed: int, base_dir: Path, data_dir: Path) -> str:
+    files = [*sorted(base_dir.glob("*.safetensors")), base_dir / "config.json", data_dir / "train.jsonl"]
+    return section_hash(dict(train_cfg), mode.as_dict(), seed, _file_signature(files))
+
+
+def prepare_checkpoint_dir(ckpt_dir: Path, key: str) -> Path | None:
+    """Create/validate the checkpoint folder; return the checkpoint to resume from (or None)."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    key_file = ckpt_dir / "run_key.json"
+    stored = None
+    if key_file.exists():
+        with contextlib.suppress(OSError, ValueError):
+            stored = json.loads(key_file.read_text(encoding="utf-8")).get("key")
+    if stored != key:
+        if any(ckpt_dir.iterdir()):
+            log.warning("checkpoint folder %s belongs to another configuration: starting fresh", ckpt_dir)
+        for child in ckpt_dir.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        write_json(key_file, {"key": key})
+        return None
+    return latest_complete_checkpoint(ckpt_dir)

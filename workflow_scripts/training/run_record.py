@@ -1,0 +1,45 @@
+"""What run.json records about where a training run ran: package versions, peak GPU memory, and the
+vLLM engine as TRL built it (read from the trainer, not the config: what ran, not what was asked)."""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+
+def versions() -> dict:
+    """The versions of the packages a run's numbers depend on."""
+    import accelerate
+    import transformers
+    import trl
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "accelerate": accelerate.__version__,
+    }
+
+
+def peak_gpu_memory_gb() -> float | None:
+    """Peak GiB the PyTorch allocator held on this process's GPU (a colocated vLLM's KV cache included)."""
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def vllm_record(trainer) -> dict:
+    """Whether TRL generated the rollouts with vLLM and the dtype its engine ran in (vLLM picks its own
+    for a float32 checkpoint unless told), read from the trainer, not the config."""
+    generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    if generation is None:
+        return {"used": False, "mode": None, "dtype": None, "seed": None, "seed_given": None}
+    engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
+    dtype = getattr(getattr(engine, "model_config", None), "dtype", None)
+    mode = getattr(generation, "mode", None)
+    given = getattr(trainer, "vllm_engine_args", {}).get("seed")  # grpo_trainer.vllm_seed(run seed, group)
+    seed = getattr(getattr(engine, "model_config", None), "seed", given)  # what the engine holds
+    return {"used": True, "mode": mode, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
+            "seed_given": given}  # fmt: skip
