@@ -100,7 +100,7 @@ rule report:
         overlap=rules.aggregate.output.overlap,
         figures=rules.figures.output,
         base=rules.base_model.output.record,  # numerics provenance of every record
-        runs=expand(rules.train.output.run, precision=PRECISIONS, seed=SEEDS),
+        runs=train_outputs("run.json"),  # repeats included: a repeat may run on another numerics path
     output:
         report=report(f"{ANALYSIS}/report.md", caption="../report/report.rst", category="Report"),
     params:

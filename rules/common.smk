@@ -6,7 +6,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from workflow_scripts.runtime import paths
+from workflow_scripts.runtime import eval_matmul, paths
 from workflow_scripts.runtime.codehash import code_version
 from workflow_scripts.runtime.config import ConfigError, workflow_config
 from workflow_scripts.runtime.resources import job_threads as _job_threads, snakemake_resources, train_processes
@@ -21,11 +21,10 @@ except ConfigError as err:
     raise WorkflowError(str(err)) from None
 config.clear()
 config.update(_validated)
-
 # Inherited by every job (jobs copy this process's environment; Snakemake itself sets
-# OMP_NUM_THREADS & co to the rule's threads): idle OpenMP workers sleep instead of spinning.
-for _name, _value in {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "TOKENIZERS_PARALLELISM": "false"}.items():
-    os.environ.setdefault(_name, _value)
+# OMP_NUM_THREADS & co to the rule's threads). The OpenMP wait policy is left to each job
+# (workflow_scripts/runtime/threads.py): passive, unless the job's threads cover every CPU it may use.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RESULTS = paths.RESULTS
 TASKS = list(config["data"]["tasks"])
@@ -129,6 +128,11 @@ def evaluate_inputs(wildcards):
 def evaluate_reference(wildcards):
     """{reference_run, policy_dtype, reference_dtype} of the run."""
     return paths.reference_spec(config, wildcards.run)
+
+
+def evaluate_matmul(wildcards):
+    """The bf16_matmul of the run's training (a bf16 base run: its arms' shared one; eval_matmul.py)."""
+    return eval_matmul.bf16_matmul(config, wildcards.run)
 
 
 def evaluate_task(wildcards):

@@ -4,9 +4,10 @@
 # is paired (dJ) with the samples of its reference base run and its KL is measured against the base in
 # its arm's param dtype (evaluate_reference). params = the eval section + this task's entry + the
 # reference, so changing an analysis or train setting never reruns evaluation, and adding a task adds
-# only that task's jobs.
+# only that task's jobs. bf16_matmul: the path the run's bf16 products took in training (its arm's
+# precision field; a bf16 base run: the one its arms share), so evaluation computes as training did.
 
-# Input functions (evaluate_inputs, evaluate_reference, evaluate_task) live in common.smk (snakemake --lint).
+# Input functions (evaluate_inputs, evaluate_reference, evaluate_matmul, evaluate_task) live in common.smk (snakemake --lint).
 
 
 rule evaluate:
@@ -20,6 +21,7 @@ rule evaluate:
         eval=config["eval"],
         task=evaluate_task,
         reference=evaluate_reference,
+        bf16_matmul=evaluate_matmul,
         trust_remote_code=config["model"]["trust_remote_code"],
         code=code("evaluate"),
     log:

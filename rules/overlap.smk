@@ -1,5 +1,6 @@
 # overlap: do the seeds of one arm move the same weights (workflow_scripts/overlap.py)? Each seed is
-# compared with the base cast to the run's saved dtype, as in rules/sparsity.smk.
+# compared with the base cast to the run's saved dtype, as in rules/sparsity.smk. The configured seeds
+# only: a repeat (config `repeats`, the noise floor) is not a seed, so it is never an extra seed pair.
 rule overlap:
     input:
         base=rules.base_model.output.model,

@@ -1,5 +1,6 @@
 # sparsity: which weights did training move, per run (workflow_scripts/sparsity.py), compared with the
-# base cast to the run's saved dtype (the run's real start point).
+# base cast to the run's saved dtype (the run's real start point). First runs only: `{seed}` is digits
+# (common.smk), so a repeat's folder seed<s>-r<k> never matches, and all_targets asks for the seeds.
 rule sparsity:
     input:
         base=rules.base_model.output.model,

@@ -120,6 +120,8 @@ def write_fake_results(
                     "k1_se": 0.002,
                     "k3_mean": k3,
                     "k3_se": 0.001,
+                    "k1_mc_var": 3e-6,
+                    "k3_mc_var": 4e-7,
                     "n_prompts": 8,
                     "n_samples": 2,
                     "prompt_ids": ["p0"],
@@ -277,6 +279,7 @@ def test_values_come_from_the_right_files(fake, tables):
     assert row["no_answer_frac"] == pytest.approx(12 / 120)
     assert row["truncated_frac"] == pytest.approx(6 / 120)
     assert row["kl_k3"] == pytest.approx(kl["k3_mean"]) and row["kl_k1_se"] == pytest.approx(0.002)
+    assert row["kl_k3_mc_var"] == pytest.approx(4e-7) and row["kl_k1_mc_var"] == pytest.approx(3e-6)
     summary = json.loads((fake["sparsity"][0].parents[1] / "bf16" / "seed2.summary.json").read_text())
     assert row["changed_frac_eta_1e-04"] == pytest.approx(summary["model"]["changed_fraction"]["1e-04"])
     assert row["equal_bf16_frac"] == pytest.approx(0.8)
@@ -369,10 +372,14 @@ def test_missing_kl_and_null_fields_become_nan_with_a_warning(tmp_path):
     d = json.loads(target.read_text())
     d.update(pass_at_1_se=None, dJ_se=None, eval_noise_var=None)
     target.write_text(json.dumps(d))
+    one_sample = tmp_path / "eval" / "fp32-s2" / "mcq.kl.json"  # kl_samples 1: null mc vars
+    kl = json.loads(one_sample.read_text())
+    one_sample.write_text(json.dumps({**kl, "k3_mc_var": None, "k1_mc_var": None}))
     paths["sparsity"] = paths["sparsity"][:-1]  # bf16-s2 has no sparsity summary
     metrics, _, _, warnings, _ = run_aggregate(paths)
     row = metrics.set_index(["run", "task"]).loc[("fp32-s2", "mcq")]
     assert math.isnan(row["J_se"]) and math.isnan(row["dJ_se"]) and math.isnan(row["eval_noise_var"])
+    assert math.isnan(row["kl_k3_mc_var"]) and math.isnan(row["kl_k1_mc_var"]) and row["kl_k3_se"] == 0.001
     assert metrics.loc[metrics["run"] == "bf16-s1", "kl_k3"].isna().all()
     assert metrics.loc[metrics["run"] == "fp32-s1", "kl_k3"].notna().all()
     assert metrics.loc[metrics["run"] == "bf16-s2", "equal_bf16_frac"].isna().all()
@@ -559,14 +566,18 @@ def test_sampler_gap_and_loss_scale_summaries_count_each_round_once():
     assert math.isnan(bare["sampler_gap_mean"]) and math.isnan(bare["loss_scale_final"])
 
 
-def _add_repeat(paths: dict, root: Path, run: str, repeat: int) -> str:
-    """A repeat of ``run`` (same values) as the train and evaluate stages would write it."""
+def _add_repeat(paths: dict, root: Path, run: str, repeat: int, shift: float = 0.0) -> str:
+    """A repeat of ``run`` as the train and evaluate stages would write it: the same values, or with
+    ``shift`` added to pass@1, dJ, KL k3 and the training reward (what GPU numerics could change)."""
     precision, seed = run.rsplit("-s", 1)
     name = f"{run}-r{repeat}"
     for kind in ("evals", "kls"):
         for path in [p for p in paths[kind] if p.parent.name == run]:
             d = json.loads(path.read_text())
             d["run"] = name
+            for key in ("pass_at_1", "dJ", "k3_mean"):
+                if d.get(key) is not None:
+                    d[key] += shift
             target = root / "eval" / name / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(d))
@@ -575,7 +586,9 @@ def _add_repeat(paths: dict, root: Path, run: str, repeat: int) -> str:
                            and pair[0].parent.parent.name == precision)  # fmt: skip
     out = root / "train" / precision / f"seed{seed}-r{repeat}"
     out.mkdir(parents=True)
-    (out / "metrics.jsonl").write_text(metrics.read_text())
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()]
+    shifted = [{**r, "reward": r["reward"] + shift} for r in steps]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shifted))
     (out / "run.json").write_text(json.dumps({**json.loads(record.read_text()), "repeat": repeat}))
     paths["train"].append((out / "metrics.jsonl", out / "run.json"))
     return name

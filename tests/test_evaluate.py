@@ -185,6 +185,23 @@ def test_sampling_is_prompt_major_reproducible_and_leaves_global_rng(tiny):
         assert x.truncated == (x.stop_token_id is None) and x.num_tokens <= 6
 
 
+def test_a_shared_prefill_draws_what_prefilling_every_sample_draws(tiny):
+    """The prompt's KV cache computed once and copied to its samples: the same logits, so with the same
+    seed and batches the same draws (greedy identical; sampled: at most a rare flip from rounding)."""
+    model, tok = tiny
+    for temperature in (0.0, 1.0):
+        kw = {"n_samples": 4, "temperature": temperature, "max_new_tokens": 6, "seed": 3, "batch_size": 8}
+        shared = sample_completions(model, tok, PROMPTS, **kw)
+        alone = sample_completions(model, tok, PROMPTS, share_prefill=False, **kw)
+        assert [(c.prompt_index, c.sample_index) for c in shared] == [
+            (c.prompt_index, c.sample_index) for c in alone
+        ]
+        same = sum(a.token_ids == b.token_ids for a, b in zip(shared, alone, strict=True))
+        assert same == len(alone) if temperature == 0 else same >= 0.9 * len(alone)
+        if temperature:
+            assert len({c.token_ids for c in shared}) > len(PROMPTS)  # real samples, not one per prompt
+
+
 def test_saved_generation_defaults_do_not_change_sampling(tiny):
     """A model's generation_config (top_k, repetition penalty, ...) must not leak into the sampler."""
     model, tok = tiny
@@ -440,3 +457,80 @@ def test_evaluate_rule_for_base_writes_pass_at_1_and_kl_in_one_job(tmp_path):
     assert jobs == {"train": 1, "evaluate": 1}  # the base samples exist; the run's model does not
     jobs = planned_jobs(wf, f"results/eval/bf16-s1/{tasks[0]}.json")
     assert jobs == {"train": 1, "evaluate": 2}  # + base-bfloat16, the bf16 arm's reference
+
+
+# ------------------------------------------------------------------- bf16_matmul: the training path
+
+
+class _Named(dict):
+    """A Snakemake namedlist stand-in: keys as attributes, ``get`` as on the real one."""
+
+    __getattr__ = dict.__getitem__
+
+
+def test_the_rule_passes_the_arms_bf16_matmul_and_the_evaluation_records_that_path(tiny, tmp_path):
+    from workflow_scripts.evaluate import from_snakemake
+    from workflow_scripts.runtime import eval_matmul, paths
+    from workflow_scripts.training.bf16_matmul import resolve
+
+    other = "native" if resolve("auto") == "emulated" else "emulated"  # not what the default gives here
+    arms = {"fp32": {"param_dtype": "float32"}, "bf16": {"param_dtype": "bfloat16", "bf16_matmul": other}}
+    config = {"model": {"dtype": "float32"}, "precisions": arms}
+    model, tok = tiny
+    base_dir = _save(model, tok, tmp_path / "base")
+    run_dir = _save(model, tok, tmp_path / "run", torch.bfloat16)
+    out = tmp_path / "eval"
+    smk = _Named(
+        input=_Named(model=str(run_dir), base=str(base_dir), data=str(_data(tmp_path))),
+        output=_Named(samples=str(out / "s.parquet"), summary=str(out / "s.json"), kl=str(out / "kl.json")),
+        params=_Named(eval=EVAL_CFG, task={"kind": "integer", "role": "on_task", "max_new_tokens": 4},
+                      reference=paths.reference_spec(config, "bf16-s1"), trust_remote_code=False,
+                      bf16_matmul=eval_matmul.bf16_matmul(config, "bf16-s1")),
+        wildcards=_Named(run="bf16-s1", task="t"),
+        threads=1,
+    )  # fmt: skip
+    from_snakemake(smk)
+    summary, kl = (json.loads((out / name).read_text()) for name in ("s.json", "kl.json"))
+    assert summary["bf16_matmul"] == kl["bf16_matmul"] == other and summary["dtype"] == "bfloat16"
+
+
+def _metadata_params(wf: Path) -> dict[str, str]:
+    """Output path -> the params Snakemake recorded for the job that made it (.snakemake/metadata)."""
+    import base64
+
+    recorded = {}
+    for f in (wf / ".snakemake" / "metadata").iterdir():
+        path = base64.b64decode(f.name.replace("@", "/")).decode()
+        recorded[path] = str(json.loads(f.read_text()).get("params"))
+    return recorded
+
+
+def test_evaluate_jobs_carry_the_bf16_matmul_of_their_runs_training(tmp_path):
+    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_outputs
+
+    config = load_test_config()
+    config["precisions"]["bf16"]["bf16_matmul"] = "emulated"
+    config["repeats"] = [{"precision": "bf16", "seed": 1}]
+    wf = make_workflow_dir(tmp_path / "wf", config)
+    placeholder_outputs(wf)
+    mark_done(wf)  # records every job's params without running it
+    recorded = _metadata_params(wf)
+    evals = {p: v for p, v in recorded.items() if p.startswith("results/eval/") and p.endswith(".kl.json")}
+    assert len(evals) == 7 * len(config["data"]["tasks"])  # base, base-bfloat16, 2 x 2 runs, the repeat
+    for path, params in evals.items():
+        run = path.split("/")[2]
+        bf16 = run.startswith("bf16-") or run == "base-bfloat16"
+        assert ("'emulated'" in params) == bf16 and ("'auto'" in params) != bf16, (path, params)
+
+
+def test_bf16_arms_with_different_bf16_matmul_stop_the_workflow_naming_each_key(tmp_path):
+    from conftest import load_test_config, make_workflow_dir, run_snakemake
+
+    config = load_test_config()
+    config["precisions"]["bf16_emulated"] = {**config["precisions"]["bf16"], "bf16_matmul": "emulated"}
+    wf = make_workflow_dir(tmp_path / "wf", config)
+    proc = run_snakemake(wf, "--dry-run", timeout=300)
+    assert proc.returncode != 0
+    message = proc.stdout + proc.stderr
+    for arm in ("bf16", "bf16_emulated"):
+        assert f"config.yaml: precisions.{arm}.bf16_matmul: the arms with param_dtype bfloat16" in message

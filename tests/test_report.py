@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
-from test_aggregate import write_fake_results
+from test_aggregate import _add_repeat, run_aggregate, write_fake_results
 from test_figures import FAST, REPO, SIX_ARMS, assert_png, flat_table, make_data
 
-from workflow_scripts import report, stats
+from workflow_scripts import figures, report, stats
 from workflow_scripts.plots import figure_list
-from workflow_scripts.plots.common import FigureData
+from workflow_scripts.plots.common import FigureData, seeds_only
 from workflow_scripts.plots.figure_list import FIGURES
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.config import validate_config
@@ -134,7 +136,6 @@ def test_report_on_one_seed_says_why_nothing_was_decided(tmp_path):
 
 
 def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(data, tmp_path):
-    import numpy as np
 
     from workflow_scripts.statistics import simulation
 
@@ -160,7 +161,6 @@ def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(d
 
 
 def test_report_gives_noise_shares_and_warns_when_a_verdict_rests_on_more_than_half(tmp_path):
-    import numpy as np
 
     from workflow_scripts.statistics import simulation
 
@@ -176,6 +176,72 @@ def test_report_gives_noise_shares_and_warns_when_a_verdict_rests_on_more_than_h
     quiet = simulation.simulate_table(np.random.default_rng(62), n_seeds=6)
     quiet_text = report.render(stats.analyze(quiet, FAST), quiet, {}, tmp_path / "q.md", ["fp32", "bf16"])
     assert "Warning: H2" not in quiet_text
+
+
+# ----------------------------------------------------------------------------- repeats (noise floor)
+
+REPEATS = {("bf16-s1", 2): 0.05, ("bf16-s1", 3): -0.02, ("fp32-s2", 2): 0.0}  # (run, k) -> shift
+
+
+def _analysis(root: Path, repeats: bool) -> tuple[FigureData, pd.DataFrame]:
+    """aggregate -> stats of the fake results, with or without the repeats of ``REPEATS`` (shifted
+    values: a repeat that leaked into a seed-level table would move its numbers); (figure data, metrics)."""
+    files = write_fake_results(root)
+    for (run, k), shift in REPEATS.items() if repeats else ():
+        _add_repeat(files, root, run, k, shift)
+    metrics, curves, sparsity, _, overlap = run_aggregate(files)
+    result = stats.analyze(metrics, FAST, precisions=["fp32", "bf16"])
+    return FigureData(metrics, curves, sparsity, result, ["fp32", "bf16"], overlap), metrics
+
+
+def _without_section(text: str, title: str) -> str:
+    return re.sub(rf"## {re.escape(title)}\n.*?(?=\n## )", "", text, flags=re.S).replace("\n\n\n", "\n\n")
+
+
+def test_repeats_change_no_seed_count_verdict_input_table_or_figure_and_get_a_noise_floor_section(tmp_path):
+    plain, plain_metrics = _analysis(tmp_path / "plain", repeats=False)
+    rep, rep_metrics = _analysis(tmp_path / "rep", repeats=True)
+    assert rep_metrics["run"].nunique() == plain_metrics["run"].nunique() + len(REPEATS)  # in the table
+    assert rep.stats["n"]["seeds"] == plain.stats["n"]["seeds"] == {"fp32": 3, "bf16": 3}
+    assert {k: v for k, v in rep.stats.items() if k != "noise_floor"} == {
+        k: v for k, v in plain.stats.items() if k != "noise_floor"
+    }  # gate, mixed model, classical tests, verdicts, controls: the same inputs, the same numbers
+    for table in ("metrics", "curves", "sparsity"):  # the figures see each (arm, seed) once
+        got, want = getattr(rep, table), getattr(plain, table)
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+    assert len(seeds_only(rep_metrics)) == len(plain_metrics)
+    for name in ("dJ_by_task", "training_curves", "sparsity_by_module"):
+        outs = {}
+        for label, data in (("plain", plain), ("rep", rep)):
+            outs[label] = tmp_path / label / f"{name}.png"
+            np.random.seed(0)  # seaborn's strip-plot jitter draws from numpy's global stream
+            figures.make_figures(data, {name: outs[label]})
+        assert outs["rep"].read_bytes() == outs["plain"].read_bytes(), name
+
+    kw = {"figures": {}, "report_path": tmp_path / "report.md", "precisions": ["fp32", "bf16"]}
+    with_repeats = report.render(rep.stats, rep_metrics, overlap=rep.overlap, **kw)
+    without = report.render(plain.stats, plain_metrics, overlap=plain.overlap, **kw)
+    assert "Numerical noise floor" not in without
+    assert _without_section(with_repeats, "Numerical noise floor (repeats)") == without
+    assert "None of the 6 trained runs diverged" in with_repeats
+    assert re.search(r"\| bf16 \| 3 \| 20 \|", with_repeats)  # training table: 3 seeds, 20 steps
+    floor = with_repeats.split("## Numerical noise floor (repeats)")[1].split("\n## ")[0]
+    assert "| bf16-s1 | bf16-s1 (first run), bf16-s1-r2 (repeat 2), bf16-s1-r3 (repeat 3) | no |" in floor
+    assert "| fp32-s2 | fp32-s2 (first run), fp32-s2-r2 (repeat 2) | yes | 0 |" in floor
+    spread = report.fmt(statistics.variance([0.0, 0.05, -0.02]))  # every task shifted alike
+    seed_var = report.fmt(rep.stats["by_task_type"]["off_task"]["arms"]["bf16"]["dJ"]["pooled_var"])
+    assert f"| bf16 | off_task | 1 | {spread} (df 4) | {seed_var} |" in floor  # 2 tasks x 2 df
+    assert "| fp32 | on_task | 1 | 0 (df 1) |" in floor
+
+
+def test_the_numerics_provenance_names_a_repeat_as_a_repeat(tmp_path):
+    data, metrics = _analysis(tmp_path / "r", repeats=True)
+    metrics.to_parquet(tmp_path / "metrics.parquet")
+    (tmp_path / "stats.json").write_text(json.dumps(data.stats))
+    records = [tmp_path / "r" / "train" / "bf16" / d / "run.json" for d in ("seed1", "seed1-r2")]
+    text = report.run(stats=tmp_path / "stats.json", metrics=tmp_path / "metrics.parquet",
+                      out=tmp_path / "report.md", figures={}, records=records)  # fmt: skip
+    assert "2: bf16-s1, bf16-s1-r2 (repeat 2) |" in text
 
 
 # ----------------------------------------------------------------------------- the analysis rules

@@ -455,6 +455,48 @@ def test_noise_share_is_mean_noise_over_the_pooled_across_seed_variance_and_flag
     assert "H3" not in ns["at_risk"]  # KL: noise SE 0.002 against seed sd 0.01
 
 
+def test_simulated_kl_noise_across_runs_is_the_mc_var_column_not_the_prompt_level_se():
+    """The simulation's KL: only the Monte-Carlo part differs between runs; the prompt-set deviation is
+    fixed per task (so kl_k3_se^2 overstates the noise), as in the experiment (``kl``)."""
+    zero = {(a, r): 0.0 for a in simulation.ARMS for r in simulation.ROLES}
+    seeds = 200
+    table = simulation.simulate_table(
+        np.random.default_rng(56), n_seeds=seeds, kl_seed_var=zero, kl_task_var=0.0
+    )
+    runs = table[table["run"] != "base"]
+    mc, se = runs["kl_k3_mc_var"].unique(), runs["kl_k3_se"].unique()
+    assert len(mc) == 1 and len(se) == 1 and se[0] ** 2 > 2 * mc[0]
+    df = seeds - 1
+    lo, hi = st.chi2.ppf([0.0005, 0.9995], df) / df  # a variance from `seeds` draws, per arm x task
+    ratio = runs.groupby(["precision", "task"])["kl_k3"].var() / mc[0]
+    assert ratio.between(lo, hi).all(), ratio
+    means = runs.groupby("task")["kl_k3"].mean() - 0.05  # the fixed deviation, shared by both arms
+    assert (means.abs() > 4 * np.sqrt(mc[0] / (2 * seeds))).any()
+
+
+def test_kl_noise_is_the_mc_var_and_falls_back_to_the_prompt_level_se_with_a_warning():
+    table = simulation.simulate_table(np.random.default_rng(55), n_seeds=CAL_SEEDS)
+
+    def kl_noise(t: pd.DataFrame) -> tuple[float, list[str]]:
+        out = stats.analyze(t, CFG, precisions=ARMS)
+        return out["noise_share"]["by_role"]["off_task"]["kl"]["fp32"]["noise_var"], out["warnings"]
+
+    noise, warnings = kl_noise(table)
+    assert noise == pytest.approx(simulation.KL_MC_SD**2)
+    assert not any("kl_k3_mc_var" in w for w in warnings)
+    se2 = simulation.KL_MC_SD**2 + simulation.KL_PROMPT_SD**2
+    one_sample = table.assign(kl_k3_mc_var=np.where(table["run"] == "fp32-s1", np.nan, table["kl_k3_mc_var"]))
+    noise, warnings = kl_noise(one_sample)  # kl_samples 1 in one run: null mc var, that run falls back
+    assert noise == pytest.approx(simulation.KL_MC_SD**2 + (se2 - simulation.KL_MC_SD**2) / CAL_SEEDS)
+    n_rows = int((table["run"] == "fp32-s1").sum())
+    assert [w for w in warnings if "kl_k3_mc_var" in w] == [
+        f"kl_k3_mc_var missing for {n_rows} row(s): their KL eval noise is kl_k3_se^2, the conservative "
+        "prompt-level bound (it counts the fixed between-prompt spread as noise)"
+    ]
+    noise, warnings = kl_noise(table.drop(columns="kl_k3_mc_var"))  # results from before the column
+    assert noise == pytest.approx(se2) and any("conservative prompt-level bound" in w for w in warnings)
+
+
 def test_brown_forsythe_on_one_task_is_the_classical_test():
     rng = np.random.default_rng(53)
     x, y = rng.normal(0, 1, 9), rng.normal(0, 2, 8)
@@ -704,7 +746,7 @@ SIX_ARMS = ["fp32", "fp32_drop", "bf16", "bf16_drop", "autocast", "autocast_drop
 def flat_table(arms=SIX_ARMS, n_seeds: int = 2) -> pd.DataFrame:
     """What a few-step run of a tiny model gives: every dJ and KL exactly 0, no eval noise."""
     table = simulation.simulate_table(np.random.default_rng(30), n_seeds=n_seeds, n_off=1, arms=arms)
-    return table.assign(dJ=0.0, J=0.0, eval_noise_var=0.0, kl_k3=0.0, kl_k3_se=0.0)
+    return table.assign(dJ=0.0, J=0.0, eval_noise_var=0.0, kl_k3=0.0, kl_k3_se=0.0, kl_k3_mc_var=0.0)
 
 
 def test_zero_spread_and_zero_noise_give_not_testable_verdicts_and_no_fake_ratios():

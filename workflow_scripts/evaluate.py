@@ -61,11 +61,14 @@ start to the job's first line: interpreter, imports), load_s (tokenizer and mode
 completions_per_s}.
 
 ``{task}.kl.json`` (estimator: ``kl``): run, task, reference_run, policy_dtype, reference_dtype,
-bf16_matmul, seed, temperature 1.0, top_p 1.0, max_new_tokens, k1_mean, k1_se, k3_mean, k3_se, n_prompts,
-n_samples, prompt_ids, per_prompt_k1, per_prompt_k3 (aligned with prompt_ids), mean_length,
-truncated_frac, timing {sample_s, score_s}. A base run against itself is exactly 0.
+bf16_matmul, seed, temperature 1.0, top_p 1.0, max_new_tokens, k1_mean, k1_se, k3_mean, k3_se (across
+prompts), k1_mc_var, k3_mc_var (Monte-Carlo variance given the prompts: the eval noise of a run's KL,
+since every run has the same prompts), n_prompts, n_samples, prompt_ids, per_prompt_k1, per_prompt_k3
+(aligned with prompt_ids), mean_length, truncated_frac, timing {sample_s, score_s}. A base run against
+itself is exactly 0.
 
-Standard errors are null (not NaN) where undefined (a single problem or prompt).
+Standard errors are null (not NaN) where undefined (a single problem or prompt); so are the mc vars
+with ``eval.kl_samples`` 1.
 """
 
 from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
@@ -92,6 +95,7 @@ from workflow_scripts.models.loading import dtype_of, load_pair, load_run_model,
 from workflow_scripts.models.modeling import load_tokenizer
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_json, write_parquet
+from workflow_scripts.runtime.eval_matmul import bf16_matmul as eval_bf16_matmul
 from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.tasks.rows import Row, read_parquet, read_rows
 from workflow_scripts.training.bf16_matmul import bf16_matmul as matmul_context
@@ -311,7 +315,8 @@ def run(
     ``model`` in ``policy_dtype`` (None: as saved) is the policy; ``base`` in ``reference_dtype`` (None:
     the policy's dtype) the KL reference; ``base_samples`` (the reference run's samples of this task)
     pairs dJ; ``bf16_matmul`` how a bf16 model's products run (``bf16_matmul.resolve``: auto = emulated
-    on a CPU without bf16 GEMM kernels; recorded as ``bf16_matmul`` in both files). Returns (summary, kl)."""
+    on a CPU without bf16 GEMM kernels; recorded as ``bf16_matmul`` in both files): the rule and the CLI
+    pass the run's training setting (``runtime.eval_matmul``). Returns (summary, kl)."""
     startup_s = process_age_s()
     limit_threads(threads)
     reference_run = reference_run or run
@@ -410,6 +415,7 @@ def from_snakemake(smk) -> None:
         base_samples=smk.input.get("base_samples"),
         threads=smk.threads,
         trust_remote_code=smk.params.trust_remote_code,
+        bf16_matmul=smk.params.bf16_matmul,  # the run's training path (runtime/eval_matmul.py)
         **dict(smk.params.reference),
     )
 
@@ -439,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         kl_out=paths.kl_summary(args.run, args.task, res),
         eval_cfg=config["eval"], task_cfg=config["data"]["tasks"][args.task], run=args.run, task=args.task,
         base_samples=paired, threads=args.threads, trust_remote_code=config["model"]["trust_remote_code"],
-        **reference)  # fmt: skip
+        bf16_matmul=eval_bf16_matmul(config, args.run), **reference)  # fmt: skip
     return 0
 
 

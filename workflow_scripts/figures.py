@@ -13,7 +13,9 @@
 | training_curves     | reward, informative fraction, clip fraction, KL, entropy,     | here              |
 |                     | grad norm per step: mean over seeds, band +-1 SD              |                   |
 
-Every function takes a ``FigureData`` (figures_common) and returns a matplotlib Figure.
+Every function takes a ``FigureData`` (figures_common) and returns a matplotlib Figure. FigureData
+holds each (arm, seed) once: repeats (config ``repeats``, the noise floor) are not seeds, so no dot,
+curve, bar or seed count includes them (``plots.common.seeds_only``; report.md shows the repeats).
 """
 
 from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports

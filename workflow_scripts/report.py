@@ -5,12 +5,14 @@ it means for the verdicts); the verdict table (each verdict with the numbers it 
 or minimal detectable ratio, MDE) and a warning where a verdict rests on an eval-noise share above 1/2;
 one paragraph per hypothesis; the controls (when the config has control arms: did each come out as it
 must); excluded (diverged) runs and how the verdicts treat them; the seed-variance components (whole,
-shared, seed x task) and the eval-noise shares; key numbers (classical tests); training,
+shared, seed x task) and the eval-noise shares; key numbers (classical tests); the numerical noise
+floor (when the config has ``repeats``: repeat variance beside seed variance); training,
 representable-update fraction and sparsity per precision; cross-seed overlap of the update masks; the
 figures (``figure_list``: name and the first sentence of its caption); warnings.
 
 It only formats what ``stats.analyze`` decided (stats.json), so the report and stats.json cannot
-disagree.
+disagree. Repeats (runs ``<arm>-s<seed>-r<k>``) are not seeds: every seed-level table reads the metrics
+without them (``noise_floor.without_repeats``, as stats does); only the noise-floor section shows them.
 """
 
 from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
@@ -31,6 +33,7 @@ from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_text
 from workflow_scripts.runtime.numerics import provenance_section
 from workflow_scripts.runtime.smk import main_from, parse_pairs
+from workflow_scripts.statistics.noise_floor import without_repeats
 from workflow_scripts.statistics.report_tables import (
     components_section,
     data_warnings,
@@ -239,6 +242,76 @@ def excluded_section(stats: Mapping, metrics: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def _pooled_over(by_task: Mapping, tasks: Sequence[str]) -> tuple[float | None, int]:
+    """Repeat variance pooled over ``tasks`` (weights: each task's degrees of freedom) and its df."""
+    parts = [(b["var"], b["df"]) for t in tasks for b in [by_task.get(t) or {}] if b.get("var") is not None]
+    df = sum(d for _, d in parts)
+    return (sum(v * d for v, d in parts) / df if df else None), df
+
+
+def _runs_label(runs: Sequence[str]) -> str:
+    """The runs of a repeated (arm, seed), each named as first run or repeat k (``paths.parse_run``)."""
+    out = []
+    for run in runs:
+        k = paths.parse_run(run).repeat or 1
+        out.append(f"{run} ({'first run' if k == 1 else f'repeat {k}'})")
+    return ", ".join(out)
+
+
+FLOOR_HEADER = [
+    "arm",
+    "role",
+    "repeated pairs",
+    "repeat var dJ",
+    "seed var dJ",
+    "repeat var KL k3",
+    "seed var KL k3",
+]
+
+
+def noise_floor_section(stats: Mapping) -> str:
+    """The numerical noise floor (stats.json ``noise_floor``): repeat variance beside the seed variance.
+
+    Both columns are each task's variance pooled over the role's tasks (repeats: across the repeats of
+    one (arm, seed), pooled over the arm's repeated pairs; seeds: across seeds, Key numbers' "Var dJ").
+    Empty when the config has no ``repeats``."""
+    floor = stats.get("noise_floor") or {}
+    if floor.get("status") != "ok":
+        return ""
+    rows = []
+    for arm, block in (floor.get("arms") or {}).items():
+        for role, tasks in (stats.get("tasks") or {}).items():
+            cells = [arm, role, str(len(block.get("pairs") or []))]
+            for q, seed_key in (("dJ", "dJ"), ("kl_k3", "kl_k3")):
+                var, df = _pooled_over(get(block, q, "by_task") or {}, tasks)
+                seed_var = get(stats, "by_task_type", role, "arms", arm, seed_key, "pooled_var")
+                cells += [f"{fmt(var)} (df {df})", fmt(seed_var)]
+            rows.append(cells)
+    pairs = []
+    for name, p in (floor.get("pairs") or {}).items():
+        diffs = [b["max_abs_diff"] for b in (p.get("dJ") or {}).values() if b.get("max_abs_diff") is not None]
+        identical = "yes" if p.get("identical") else "no"
+        pairs.append([name, _runs_label(p.get("runs") or []), identical, fmt(max(diffs, default=None))])
+    return "\n".join(
+        [
+            "## Numerical noise floor (repeats)",
+            "",
+            "A repeat trains one (arm, seed) again with the same seed (config `repeats`, run "
+            "`<arm>-s<seed>-r<k>`): same data order, sampling and evaluation streams, so repeats differ by "
+            "numerics alone. Repeats are not seeds: every other table, figure and verdict uses each "
+            "(arm, seed) once, its first run. Repeat variance: each task's variance between the repeats, "
+            "pooled over the arm's repeated pairs and the role's tasks; seed variance: each task's variance "
+            "across seeds, pooled over the role's tasks (Key numbers). A seed variance near the floor is "
+            "numerics, not seeds.",
+            "",
+            table(FLOOR_HEADER, rows),
+            "",
+            table(["(arm, seed)", "runs", "bit-identical", "max |Δ dJ| over tasks"], pairs),
+            "",
+        ]
+    )
+
+
 def figures_section(figures: Mapping[str, str | os.PathLike], report_path: str | os.PathLike) -> str:
     if not figures:
         return ""
@@ -277,18 +350,20 @@ def render(
         "dtype); the unit of replication is the training seed.",
         "",
     ]
-    warnings = list(stats.get("warnings") or []) + data_warnings(metrics)
+    warnings = list(stats.get("warnings") or []) + data_warnings(metrics)  # repeats' rows checked too
+    seeds_only = without_repeats(metrics)  # each (arm, seed) once: repeats are in noise_floor_section
     parts = [
         "\n".join(head),
         gate_section(stats),
         verdict_section(stats),
         controls_section(stats),
-        excluded_section(stats, metrics),
+        excluded_section(stats, seeds_only),
         components_section(stats),
         noise_share_section(stats),
-        numbers_section(stats, metrics),
-        training_section(metrics, arms),
-        sampler_gap_section(metrics, arms),
+        numbers_section(stats, seeds_only),
+        noise_floor_section(stats),
+        training_section(seeds_only, arms),
+        sampler_gap_section(seeds_only, arms),
         overlap_section(overlap if overlap is not None else pd.DataFrame(), arms),
         figures_section(figures, report_path),
         provenance_section(dict(numerics or {})),
@@ -323,7 +398,9 @@ def run(
             numerics[str(path)] = None
             continue
         seeded = isinstance(record, dict) and "seed" in record and "precision" in record
-        name = paths.run_name(record["precision"], record["seed"]) if seeded else "base"
+        repeat = int(record.get("repeat") or 1) if seeded else 1
+        name = paths.run_name(record["precision"], record["seed"], repeat) if seeded else "base"
+        name += f" (repeat {repeat})" if repeat > 1 else ""
         numerics[name] = record.get("numerics") if isinstance(record, dict) else None
     text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics)
     write_text(out, text)

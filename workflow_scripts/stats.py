@@ -22,7 +22,8 @@ from run.json's health record) are excluded before anything is computed and list
 Input columns: required ``run, precision, seed, task, role, dJ``; base rows (precision null, or a run
 named ``base``/``base-<dtype>``) give the base's own eval noise for the gate and are otherwise ignored
 (dJ is already relative to the arm's base). Optional: ``eval_noise_var`` (else ``J, n_samples,
-n_problems`` give the bound J(1-J)/(n N)), ``kl_k3`` (+ ``kl_k3_se``), ``diverged``.
+n_problems`` give the bound J(1-J)/(n N)), ``kl_k3`` (+ its noise ``kl_k3_mc_var``, else the larger
+``kl_k3_se``^2 with a warning), ``diverged``.
 Config: the schema's ``analysis`` section; missing keys take the schema's defaults (the only copy).
 """
 
@@ -128,8 +129,17 @@ def _prepare(metrics: pd.DataFrame, warn: list[str]) -> tuple[pd.DataFrame, pd.D
         warn.append(f"eval_noise_var incomplete: noise source is '{source}'")
     if "kl_k3" in rows.columns:
         rows["kl"] = pd.to_numeric(rows["kl_k3"], errors="coerce")
-        se = pd.to_numeric(rows["kl_k3_se"], errors="coerce") if "kl_k3_se" in rows.columns else None
-        rows["kl_var"] = (se**2).fillna(0.0) if se is not None else 0.0
+        # KL noise: the Monte-Carlo variance given the (shared) prompts; else the prompt-level SE^2 (kl)
+        absent = pd.Series(np.nan, index=rows.index)
+        col = {c: pd.to_numeric(rows.get(c, absent), errors="coerce") for c in ("kl_k3_mc_var", "kl_k3_se")}
+        mc = col["kl_k3_mc_var"].where(np.isfinite(col["kl_k3_mc_var"]))
+        rows["kl_var"] = mc.fillna(col["kl_k3_se"] ** 2).fillna(0.0)
+        fallback = int((rows["kl"].notna() & mc.isna()).sum())
+        if fallback:
+            warn.append(
+                f"kl_k3_mc_var missing for {fallback} row(s): their KL eval noise is kl_k3_se^2, the "
+                "conservative prompt-level bound (it counts the fixed between-prompt spread as noise)"
+            )
         if rows["kl"].isna().any():
             warn.append("kl_k3 missing for some rows: KL tests skipped where it is")
     else:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats as st
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -131,3 +133,48 @@ def test_kl_from_logprobs_by_hand():
     assert est.k1_mean == pytest.approx(k1.mean().item())
     assert est.k3_se == pytest.approx(abs(est.per_prompt_k3[0] - est.per_prompt_k3[1]) / 2)
     assert all(v >= 0 for v in est.per_prompt_k3) and est.n_prompts == 2 and est.n_samples == 2
+    # sum_p s2_p / m / P^2 with the unbiased within-prompt variance
+    for x, got in ((k1, est.k1_mc_var), (k3, est.k3_mc_var)):
+        assert got == pytest.approx((x[:2].var().item() / 2 + x[2:].var().item() / 2) / 4)
+
+
+def test_one_sample_per_prompt_has_no_monte_carlo_variance(tok):
+    policy, reference = _model(0), _model(1)
+    est = estimate_kl(policy, reference, tok, ["ab", "ba", "a"], n_samples=1, max_new_tokens=MAX_NEW, seed=0)
+    assert est.n_samples == 1 and est.k1_mc_var is None and est.k3_mc_var is None
+    assert math.isfinite(est.k3_se)  # the prompt-level SE is still defined
+    est = kl_from_logprobs(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), [0, 0, 1])
+    assert est.k3_mc_var is None  # one prompt with a single sample is enough to leave it undefined
+
+
+CAL_REPLICATES = 200
+
+
+def test_mc_var_is_the_variance_across_resamples_on_fixed_prompts_and_the_se_overstates_it(tok):
+    """What the variance analysis needs: every run is scored on the same prompts, so a run's KL noise is
+    the spread of the estimate over fresh samples on THOSE prompts. Over independent sampling seeds on
+    24 fixed prompts (kl_samples 4), the mean mc var matches the replicates' variance of the mean within
+    the chi-square band of a variance from that many replicates, while k3_se^2 (which also holds the
+    between-prompt spread, large here: the reference differs in the embedding of 'b' only, so all-'a'
+    and all-'b' prompts differ in KL) lies above that band."""
+    policy = _model(0)
+    reference = copy.deepcopy(policy)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        row = reference.model.embed_tokens.weight[VOCAB["b"]]
+        row += torch.randn(row.shape, generator=gen)
+    prompts = [c * n for n in range(1, 13) for c in "ab"]
+    ests = [
+        estimate_kl(policy, reference, tok, prompts, n_samples=4, max_new_tokens=2, seed=s)
+        for s in range(CAL_REPLICATES)
+    ]
+    df = CAL_REPLICATES - 1
+    lo, hi = st.chi2.ppf([0.0005, 0.9995], df) / df  # replicate variance / true variance, 2-sided 0.001
+    for key in ("k1", "k3"):
+        means = np.array([getattr(e, f"{key}_mean") for e in ests])
+        mc = np.mean([getattr(e, f"{key}_mc_var") for e in ests])
+        se2 = np.mean([getattr(e, f"{key}_se") ** 2 for e in ests])
+        observed = means.var(ddof=1)
+        assert lo < observed / mc < hi, (key, observed, mc)
+        if key == "k3":  # the analysis's noise (k1's per-sequence spread is larger: its se^2 ~1.3x here)
+            assert se2 / observed > hi, (key, observed, se2)  # prompt-level SE^2: not the noise across seeds

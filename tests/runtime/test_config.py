@@ -149,6 +149,11 @@ MALFORMED = {
         "repeats.0.seed",
         "repeats",
     ),
+    "bf16 arms sharing a base evaluation with different bf16_matmul": (
+        _set("precisions.bf16_emul", {"param_dtype": "bfloat16", "bf16_matmul": "emulated"}),
+        "precisions.bf16_emul.bf16_matmul",
+        "eval_matmul",
+    ),
 }
 
 

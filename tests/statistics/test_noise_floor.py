@@ -10,9 +10,9 @@ import pytest
 from conftest import bit_identical, make_workflow_dir, planned_jobs
 from safetensors.torch import load_file
 
-from workflow_scripts import aggregate, stats
+from workflow_scripts import aggregate, report, stats
 from workflow_scripts.evaluate import run as evaluate
-from workflow_scripts.runtime import paths
+from workflow_scripts.runtime import eval_matmul, paths
 from workflow_scripts.statistics.noise_floor import noise_floor, without_repeats
 from workflow_scripts.train import train_run
 
@@ -68,6 +68,8 @@ def test_repeats_plan_their_own_training_and_evaluation_but_no_sparsity(tmp_path
     alone = planned_jobs(wf, str(paths.eval_summary("bf16-s1-r3", "mul")))
     assert alone["train_repeat"] == 1 and "train" not in alone  # it does not wait for the run it repeats
     assert alone["evaluate"] == 2  # itself and its reference base (base-bfloat16)
+    overlap = planned_jobs(wf, str(paths.overlap_table("bf16")))  # the configured seeds only
+    assert overlap["overlap"] == 1 and overlap["train"] == 2 and "train_repeat" not in overlap
 
 
 # ------------------------------------------------------------------------------------ real tiny runs
@@ -108,7 +110,8 @@ def test_two_real_repeats_are_bit_identical_on_cpu_so_the_floor_is_exactly_zero(
             }
             data = tiny_base["data_dir"] / "eval" / f"{task}.jsonl"
             evaluate(model=model, base=tiny_base["base_dir"], data=data, eval_cfg=config["eval"], run=run,
-                     task=task, task_cfg=config["data"]["tasks"][task], **spec, **files)  # fmt: skip
+                     task=task, task_cfg=config["data"]["tasks"][task],
+                     bf16_matmul=eval_matmul.bf16_matmul(config, run), **spec, **files)  # fmt: skip
             evals.append(paths.eval_summary(run, task, res))
             kls.append(paths.kl_summary(run, task, res))
     seeds_of = {r: json.loads(paths.eval_summary(r, "mul", res).read_text())["seed"] for r in runs}
@@ -126,3 +129,7 @@ def test_two_real_repeats_are_bit_identical_on_cpu_so_the_floor_is_exactly_zero(
             block = floor["arms"][precision][quantity]
             assert {t: v["var"] for t, v in block["by_task"].items()} == {"add_sub": 0.0, "mul": 0.0}
             assert block["by_role"]["off_task"] == {"var": 0.0, "df": 1}
+    text = report.render(result, metrics, {}, tmp_path / "report.md", ["fp32", "bf16"])
+    floor_text = text.split("## Numerical noise floor (repeats)")[1]
+    assert "| bf16-s1 | bf16-s1 (first run), bf16-s1-r2 (repeat 2) | yes | 0 |" in floor_text
+    assert "| fp32 | off_task | 1 | 0 (df 1) |" in floor_text  # the floor is exactly 0

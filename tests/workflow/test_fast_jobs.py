@@ -191,6 +191,7 @@ state.update(passive)
 state.update({k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS",
                                              "TOKENIZERS_PARALLELISM")})
 state.update(torch_intra=torch.get_num_threads(), torch_inter=torch.get_num_interop_threads())
+state.update(child_wait=os.environ.get("OMP_WAIT_POLICY"))
 print(json.dumps(state))
 """
 
@@ -205,6 +206,25 @@ def test_a_job_uses_exactly_its_threads_and_waits_passively(n):
     assert state["OMP_NUM_THREADS"] == state["MKL_NUM_THREADS"] == state["RAYON_NUM_THREADS"] == str(n)
     assert state["OMP_WAIT_POLICY"] == "PASSIVE" and state["GOMP_SPINCOUNT"] == "0"  # set before torch loaded
     assert state["TOKENIZERS_PARALLELISM"] == ("true" if n > 1 else "false")
+
+
+def test_a_job_whose_threads_cover_every_cpu_spins_and_its_children_wait_passively():
+    """Threads = every CPU of the process (the warm start on 2 cores): no neighbour to steal from, so
+    OpenMP keeps its spinning wait; fewer threads than CPUs (or one): passive. Children always passive."""
+    cpus = len(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_THREADS") and k not in threads_env()}
+    for n, spins in ((cpus, cpus > 1), (1, False)):
+        proc = subprocess.run([sys.executable, "-c", PROBE, str(n)], capture_output=True, text=True, cwd=REPO,
+                              env={**env, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(REPO)}, timeout=120,
+                              check=True)  # fmt: skip
+        state = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert state["omp_wait"] == ("active" if spins else "passive")
+        assert (state["OMP_WAIT_POLICY"] is None) == spins  # what libgomp read when torch loaded
+        assert state["child_wait"] == "PASSIVE"  # what a worker it starts inherits
+
+
+def threads_env() -> tuple[str, ...]:
+    return ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
 def test_limiting_threads_is_idempotent_and_imports_no_torch_itself():

