@@ -3,7 +3,8 @@
 A verdict of "inconclusive" is only useful with what it would have taken. The decisions compare the
 whole seed variance V = shared + seed x task (``variance_model``); for one comparison (arm vs
 reference, one role) the fitted null is held fixed (the common V of the null fit, each arm's own
-shared fraction rho = shared / V, the known eval noise per task) and seed scatter matrices are drawn
+shared fraction rho = shared / V, the known eval noise per task; V is the reference arm's own fitted
+whole variance when it is above 0: the MDE is a ratio to the reference) and seed scatter matrices are drawn
 from the model (``variance_model.draw_scatter``), as many as ``power_simulations``, then profiled
 over V exactly as the data were:
 
@@ -125,6 +126,15 @@ def power_block(
     alpha, target, r0 = float(cfg["alpha"]), float(cfg["power_target"]), float(cfg["variance_ratio_margin"])
     n = min(fa.data.n_seeds, fr.data.n_seeds)
     basis = "whole seed variance under the null fit (common to both arms), each arm's shared fraction"
+    ref_whole = fr.sigma2 + fr.tau2
+    if ref_whole > 0 and math.isfinite(ref_whole):
+        # The MDE answers "how much more variable than the reference could an arm be and go unseen?":
+        # scaled from the reference's own fit, not the common null (which an arm 100x less variable
+        # than the reference drags far below the reference, and with it every simulated power).
+        arm_whole = fa.sigma2 + fa.tau2
+        rho_arm = fa.sigma2 / arm_whole if arm_whole > 0 and math.isfinite(arm_whole) else null.rho_arm
+        null = vm.NullFit(float(ref_whole), float(rho_arm), float(fr.sigma2 / ref_whole))
+        basis = "the reference's fitted whole seed variance, each arm's fitted shared fraction"
     if not null.whole_var > 0:
         noise = float(max(fr.data.v.mean(), fa.data.v.mean()))
         null = vm.NullFit(noise, 0.5, 0.5)

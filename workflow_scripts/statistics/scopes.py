@@ -27,6 +27,22 @@ from workflow_scripts.statistics.stat_tests import (
 )
 
 QUANTITIES = {"dJ": ("dJ", "noise"), "kl": ("kl", "kl_var")}
+# Quantities the mixed model compares in units of each task's spread: the model has one seed x task
+# variance for all of a role's tasks, and KL's scale differs by 1000x between tasks (default run: mcq
+# 3e-4 nats, chain 0.36), so in nats the smallest task pins the common variance at 0 (measured: fp32's
+# off-task KL whole variance fitted 0 [0, 0] although its across-seed variance was 3.5x its noise).
+# Divided by the task's across-seed SD (the root of the mean over the compared arms of each arm's
+# variance across seeds), every task has an observed variance near 1, as the common-variance model
+# assumes. Both arms' values of a task are divided by the same number, so a ratio keeps its meaning.
+RELATIVE = {"kl": "per task, divided by the task's across-seed SD (root mean over the compared arms)"}
+
+
+def task_scales(rows: pd.DataFrame, tasks: Sequence[str], arms: Sequence[str], col: str) -> np.ndarray:
+    """Per task, sqrt(mean over ``arms`` of the arm's variance of ``col`` across its runs) (1 where 0)."""
+    sub = rows[rows["task"].isin(tasks) & rows["precision"].isin(list(arms))]
+    var = sub.groupby(["task", "precision"])[col].var(ddof=1).groupby(level="task").mean()
+    out = np.sqrt(np.array([var.get(t, np.nan) for t in tasks], dtype=float))
+    return np.where(np.isfinite(out) & (out > 0), out, 1.0)
 
 
 def units(rows: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
@@ -152,7 +168,11 @@ def model_scope(
     col, ncol = QUANTITIES[quantity]
     if rows.loc[rows["task"].isin(tasks), col].isna().any():
         return {"status": "failed", "reason": f"{quantity} missing for some runs of these tasks"}
-    datas = {a: arm_data_of(rows, a, tasks, col, ncol) for a in arms}
+    scales = task_scales(rows, tasks, arms, col) if quantity in RELATIVE else np.ones(len(tasks))
+    datas = {}
+    for a in arms:
+        _, y, v = arm_matrix(rows, a, tasks, col, ncol)
+        datas[a] = vm.arm_data(y / scales, v / scales**2)
     scale = vm.scale_of(*datas.values())
     if not scale > 0:
         return {"status": "failed", "reason": f"no variation in {quantity} and no eval noise"}
@@ -162,6 +182,8 @@ def model_scope(
     out: dict[str, Any] = {
         "status": "ok",
         "tasks": list(tasks),
+        "units": RELATIVE.get(quantity, "as measured"),
+        "task_scales": [float(s) for s in scales],
         "grid_step": grid.step,
         "arms": {a: f.summary(grid, alpha, floor) for a, f in fits.items()},
         "comparisons": {},
