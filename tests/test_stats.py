@@ -797,3 +797,56 @@ def test_an_arm_with_two_seeds_among_arms_with_more_is_analysed_with_its_limits_
     assert set(out["verdicts"]["H2"]["by_arm"]) == {"bf16", "autocast"}
     fit = out["mixed_model"]["off_task"]["dJ"]["arms"]["autocast"]
     assert fit["status"] == "ok" and fit["n_seeds"] == 2
+
+
+# ------------------------------------------------------------------ KL across tasks of different scales
+
+
+def _kl_on_scales(seed: int, arm_factor: float = 1.0) -> pd.DataFrame:
+    """A simulated table whose off-task KL lives on scales 1000x apart (the default run: mcq 3e-4 nats,
+    chain 0.36): task off0 divided by 1000, values and noise alike; ``arm_factor`` scales bf16's
+    deviations from its task means (its seed variance by arm_factor^2)."""
+    t = simulation.simulate_table(np.random.default_rng(seed), n_seeds=8, n_problems=200, n_samples=32)
+    t["kl_k3"] = t["kl_k3"].astype(float)
+    bf16 = t["precision"] == "bf16"
+    for task in t["task"].unique():
+        sel = bf16 & (t["task"] == task)
+        mean = t.loc[sel, "kl_k3"].mean()
+        t.loc[sel, "kl_k3"] = mean + arm_factor * (t.loc[sel, "kl_k3"] - mean)
+    small = t["task"] == "off0"
+    t.loc[small, "kl_k3"] *= 1e-3
+    t.loc[small, "kl_k3_se"] *= 1e-3
+    t.loc[small, "kl_k3_mc_var"] *= 1e-6
+    return t
+
+
+def test_kl_on_task_scales_1000x_apart_is_fitted_per_task_spread_not_pinned_at_zero():
+    """In nats the tiny task would pin the role's common variance at 0 and a verdict would rest on a
+    degenerate fit; in units of each task's across-seed SD (common to both arms) the reference keeps
+    its seed variance and equal arms are not called different."""
+    for seed in range(3):
+        s = stats.analyze(_kl_on_scales(seed), CFG, precisions=list(ARMS))
+        kl = s["mixed_model"]["off_task"]["kl"]
+        assert kl["units"] == scopes.RELATIVE["kl"] and len(kl["task_scales"]) == 4
+        assert min(kl["task_scales"]) < 1e-2 * max(kl["task_scales"])  # the scales were really apart
+        ref = kl["arms"]["fp32"]
+        assert ref["whole_var"] > 0 and ref["whole_var_ci"][1] > 0
+        assert s["verdicts"]["H3"]["verdict"] != "supported"
+
+
+def test_kl_model_detects_a_more_variable_arm_across_task_scales():
+    hits = 0
+    for seed in range(3):
+        s = stats.analyze(_kl_on_scales(seed, arm_factor=4.0), CFG, precisions=list(ARMS))  # 16x variance
+        hits += s["verdicts"]["H3"]["verdict"] == "supported"
+    assert hits >= 2
+
+
+def test_power_is_scaled_from_the_reference_arm_not_the_common_null():
+    t = _kl_on_scales(0, arm_factor=0.1)  # bf16 100x less variable than fp32
+    s = stats.analyze(t, {**CFG, "power_simulations": 20}, precisions=list(ARMS))
+    comp = s["mixed_model"]["off_task"]["kl"]["comparisons"]["bf16"]
+    ref = s["mixed_model"]["off_task"]["kl"]["arms"]["fp32"]
+    assert comp["power"]["basis"].startswith("the reference's fitted whole seed variance")
+    assert comp["power"]["whole_var_ref"] == pytest.approx(ref["whole_var"], rel=1e-9)
+    assert comp["power"]["whole_var_ref"] > 1.5 * comp["null"]["whole_var"]  # the null sits between

@@ -108,6 +108,24 @@ def smallest(candidates: Sequence[int], reaches: Callable[[int], bool]) -> int |
     return candidates[lo]
 
 
+def reference_basis(fa: vm.ArmFit, fr: vm.ArmFit, null: vm.NullFit) -> tuple[vm.NullFit, str]:
+    """The basis the verdicts' MDE uses: the reference arm's own fitted whole variance, each arm's fitted
+    shared fraction. The MDE answers "how much more variable than the reference could an arm be and go
+    unseen?"; the common null fit would let an arm 100x less variable than the reference drag the basis
+    far below the reference, and every simulated power with it. Falls back to ``null`` when the
+    reference's fitted whole variance is 0."""
+    ref_whole = fr.sigma2 + fr.tau2
+    if not (ref_whole > 0 and math.isfinite(ref_whole)):
+        return (
+            null,
+            "whole seed variance under the null fit (common to both arms), each arm's shared fraction",
+        )
+    arm_whole = fa.sigma2 + fa.tau2
+    rho_arm = fa.sigma2 / arm_whole if arm_whole > 0 and math.isfinite(arm_whole) else null.rho_arm
+    basis = vm.NullFit(float(ref_whole), float(rho_arm), float(fr.sigma2 / ref_whole))
+    return basis, "the reference's fitted whole seed variance, each arm's fitted shared fraction"
+
+
 def power_block(
     fa: vm.ArmFit,
     fr: vm.ArmFit,
@@ -116,8 +134,10 @@ def power_block(
     rng: np.random.Generator,
     floor: float,
     equivalence: bool,
+    basis: str | None = None,
 ) -> dict[str, Any]:
-    """Power now, MDE and seeds needed for one comparison (see module docstring)."""
+    """Power now, MDE and seeds needed for one comparison at the variance basis ``null`` (see module
+    docstring; ``basis`` says what it is, for stats.json)."""
     sims = int(cfg["power_simulations"])
     if sims <= 0:
         return {"status": "skipped", "reason": "power_simulations is 0"}
@@ -125,16 +145,9 @@ def power_block(
         return {"status": "skipped", "reason": "model fit failed"}
     alpha, target, r0 = float(cfg["alpha"]), float(cfg["power_target"]), float(cfg["variance_ratio_margin"])
     n = min(fa.data.n_seeds, fr.data.n_seeds)
-    basis = "whole seed variance under the null fit (common to both arms), each arm's shared fraction"
-    ref_whole = fr.sigma2 + fr.tau2
-    if ref_whole > 0 and math.isfinite(ref_whole):
-        # The MDE answers "how much more variable than the reference could an arm be and go unseen?":
-        # scaled from the reference's own fit, not the common null (which an arm 100x less variable
-        # than the reference drags far below the reference, and with it every simulated power).
-        arm_whole = fa.sigma2 + fa.tau2
-        rho_arm = fa.sigma2 / arm_whole if arm_whole > 0 and math.isfinite(arm_whole) else null.rho_arm
-        null = vm.NullFit(float(ref_whole), float(rho_arm), float(fr.sigma2 / ref_whole))
-        basis = "the reference's fitted whole seed variance, each arm's fitted shared fraction"
+    basis = (
+        basis or "whole seed variance under the null fit (common to both arms), each arm's shared fraction"
+    )
     if not null.whole_var > 0:
         noise = float(max(fr.data.v.mean(), fa.data.v.mean()))
         null = vm.NullFit(noise, 0.5, 0.5)

@@ -192,14 +192,18 @@ def model_scope(
         rng = rng_for(cfg["seed"], f"model/{key}/{i}")
         comp = vm.compare_arms(fits[a], fits[arms[0]], grid, alpha, int(cfg["bootstrap"]), rng, floor)
         if power_for and comp.get("status") == "ok":
+            basis, label = pw.reference_basis(
+                fits[a], fits[arms[0]], vm.null_fit(fits[a], fits[arms[0]], grid)
+            )
             comp["power"] = pw.power_block(
                 fits[a],
                 fits[arms[0]],
-                vm.null_fit(fits[a], fits[arms[0]], grid),
+                basis,
                 dict(cfg),
                 rng_for(cfg["seed"], f"power/{key}/{i}"),
                 floor,
                 equivalence=power_for == "equivalence",
+                basis=label,
             )
         out["comparisons"][a] = comp
     failed = [f"{a}: {f.reason}" for a, f in fits.items() if f.status != "ok"]
