@@ -7,7 +7,7 @@
 # figures) and exits 1 when a check fails. The script always gets to the JSON: a failed job shows up
 # there as failed checks (and in WORKDIR/snakemake.log and WORKDIR/logs/), not as a lost run.
 #
-# Environment: GPU_SMOKE_CONFIG (default config.gpu-smoke.yaml; tests/test_gpu_smoke.py passes a tiny
+# Environment: GPU_SMOKE_CONFIG (default config.gpu-smoke.yaml; tests/workflow/test_gpu_smoke.py passes a tiny
 # CPU copy), GPU_SMOKE_CORES (default: all cores), PYTHON (default .venv/bin/python, else python3).
 set -euo pipefail
 

@@ -1,6 +1,6 @@
 """The reference path of the merged evaluate job: the separate ``evaluate`` and ``kl`` rules it replaced.
 
-Kept runnable so that tests/test_fast_jobs.py computes both sides on the same machine in the same run
+Kept runnable so that tests/workflow/test_fast_jobs.py computes both sides on the same machine in the same run
 (floats differ between CPUs: a constant recorded on another machine proves nothing here). Each function
 is the call sequence of the pre-merge rule (commit a8ce4c0, ``evaluate_run`` and ``kl_run``) written over
 today's library functions: every model is loaded afresh from its folder in its saved dtype, the eval job

@@ -2,7 +2,7 @@
 
 ``write_fake_results`` writes eval/kl summaries (a base per arm dtype: ``base``, ``base-bfloat16``),
 training metrics + run.json (with or without the health and representable-update records), sparsity
-summaries and overlap tables with the keys those stages write; tests/test_figures_report.py reuses it.
+summaries and overlap tables with the keys those stages write; tests/test_report.py reuses it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker handlers for tests/test_verifier_workers.py: checks that hang, raise or kill their worker.
+"""Worker handlers for tests/verify/test_verifier_workers.py: checks that hang, raise or kill their worker.
 
 They live here, not in the package, so production workers have no test hooks.
 """

@@ -3,7 +3,7 @@ r"""The ``math`` kind's rule: math-verify's extraction and comparison, with the 
 The completion goes to math-verify's ``parse`` as written (its priorities decide: a "final answer
 is ... I hope" statement outranks a box, several boxes joined by "," / "and" form one set), and the
 gold to ``parse`` with the same settings, then ``verify(gold, pred)`` (gold first). These rules are
-the project's own, each a row in tests/test_verifier_math.py:
+the project's own, each a row in tests/verify/test_verifier_math.py:
 
 - **one-value gold, last box counts**: when the gold is one value (not a set of several parts), the
   prediction is read from its last ``\boxed`` on, so a corrected ``\boxed{46} ... \boxed{47}`` is 47
