@@ -26,6 +26,20 @@ from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.config import validate_config
 
 
+def rerun_analysis(wf: Path) -> Path:
+    """Mark every upstream output done, delete the analysis outputs, and run snakemake to the report."""
+    from conftest import mark_done, run_snakemake
+
+    mark_done(wf)
+    analysis = wf / "results" / "analysis"
+    for path in analysis.rglob("*"):
+        if path.is_file():
+            path.unlink()
+    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return analysis
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> FigureData:
     return make_data(tmp_path_factory.mktemp("results"))
@@ -251,7 +265,7 @@ def test_the_numerics_provenance_names_a_repeat_as_a_repeat(tmp_path):
 def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path):
     """aggregate -> stats -> figures -> report through snakemake (each rule's
     script: is its stage module), on fake upstream outputs written where the rules expect them."""
-    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_outputs, run_snakemake
+    from conftest import load_test_config, make_workflow_dir, placeholder_outputs, run_snakemake
 
     config = load_test_config()
     wf = make_workflow_dir(tmp_path / "wf", config)
@@ -262,13 +276,7 @@ def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path):
         seeds=tuple(config["seeds"]),
         diverged=("bf16-s2",),
     )
-    mark_done(wf)
-    analysis = wf / "results" / "analysis"
-    for path in analysis.rglob("*"):
-        if path.is_file():
-            path.unlink()
-    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    analysis = rerun_analysis(wf)
     result = json.loads((analysis / "stats.json").read_text())
     assert result["excluded_runs"]["diverged"] == ["bf16-s2"] and "gate" in result
     assert result["config"]["bootstrap"] == config["analysis"]["bootstrap"]
@@ -357,7 +365,7 @@ def test_analysis_rules_on_a_flat_six_arm_two_seed_table(tmp_path):
     """The few-step factorial case through snakemake: its 7 arms (autocast names) x 2 seeds x 2 tasks, every
     dJ and KL exactly 0, no eval noise, no weight changed: stats.json, every figure and report.md."""
     import yaml
-    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_outputs, run_snakemake
+    from conftest import load_test_config, make_workflow_dir, placeholder_outputs
 
     config = load_test_config()
     config["precisions"] = yaml.safe_load((REPO / "config.factorial.yaml").read_text())["precisions"]
@@ -368,13 +376,7 @@ def test_analysis_rules_on_a_flat_six_arm_two_seed_table(tmp_path):
     placeholder_outputs(wf)
     roles = {t: config["data"]["tasks"][t]["role"] for t in ("add_sub", "mul")}
     write_fake_results(wf / "results", precisions=SIX_ARMS, seeds=(1, 2), tasks=roles, flat=True)
-    mark_done(wf)
-    analysis = wf / "results" / "analysis"
-    for path in analysis.rglob("*"):
-        if path.is_file():
-            path.unlink()
-    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    analysis = rerun_analysis(wf)
     result = json.loads((analysis / "stats.json").read_text())
     assert {v["verdict"] for v in result["verdicts"].values()} == {"not testable"}
     for name in FIGURES:

@@ -36,6 +36,7 @@ from scipy import stats as st
 
 from workflow_scripts.statistics import variance_model as vm
 
+NULL_BASIS = "whole seed variance under the null fit (common to both arms), each arm's shared fraction"
 RATIOS = (1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 9.0, 16.0, 32.0, 64.0)
 SEED_GRID = (3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -118,7 +119,7 @@ def reference_basis(fa: vm.ArmFit, fr: vm.ArmFit, null: vm.NullFit) -> tuple[vm.
     if not (ref_whole > 0 and math.isfinite(ref_whole)):
         return (
             null,
-            "whole seed variance under the null fit (common to both arms), each arm's shared fraction",
+            NULL_BASIS,
         )
     arm_whole = fa.sigma2 + fa.tau2
     rho_arm = fa.sigma2 / arm_whole if arm_whole > 0 and math.isfinite(arm_whole) else null.rho_arm
@@ -145,9 +146,7 @@ def power_block(
         return {"status": "skipped", "reason": "model fit failed"}
     alpha, target, r0 = float(cfg["alpha"]), float(cfg["power_target"]), float(cfg["variance_ratio_margin"])
     n = min(fa.data.n_seeds, fr.data.n_seeds)
-    basis = (
-        basis or "whole seed variance under the null fit (common to both arms), each arm's shared fraction"
-    )
+    basis = basis or NULL_BASIS
     if not null.whole_var > 0:
         noise = float(max(fr.data.v.mean(), fa.data.v.mean()))
         null = vm.NullFit(noise, 0.5, 0.5)

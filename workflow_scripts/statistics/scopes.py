@@ -145,9 +145,14 @@ def describe_arm(y: np.ndarray, v: np.ndarray, alpha: float) -> dict[str, Any]:
     return block
 
 
-def arm_data_of(rows: pd.DataFrame, arm: str, tasks: Sequence[str], col: str, ncol: str) -> vm.ArmData:
-    """Seeds x tasks values and known noise of one arm, as the mixed model takes them."""
+def arm_data_of(
+    rows: pd.DataFrame, arm: str, tasks: Sequence[str], col: str, ncol: str, scales: np.ndarray | None = None
+) -> vm.ArmData:
+    """Seeds x tasks values and known noise of one arm, as the mixed model takes them (each task's values
+    divided by ``scales``, its noise by their square, when given)."""
     _, y, v = arm_matrix(rows, arm, tasks, col, ncol)
+    if scales is not None:
+        y, v = y / scales, v / scales**2
     return vm.arm_data(y, v)
 
 
@@ -169,10 +174,7 @@ def model_scope(
     if rows.loc[rows["task"].isin(tasks), col].isna().any():
         return {"status": "failed", "reason": f"{quantity} missing for some runs of these tasks"}
     scales = task_scales(rows, tasks, arms, col) if quantity in RELATIVE else np.ones(len(tasks))
-    datas = {}
-    for a in arms:
-        _, y, v = arm_matrix(rows, a, tasks, col, ncol)
-        datas[a] = vm.arm_data(y / scales, v / scales**2)
+    datas = {a: arm_data_of(rows, a, tasks, col, ncol, scales) for a in arms}
     scale = vm.scale_of(*datas.values())
     if not scale > 0:
         return {"status": "failed", "reason": f"no variation in {quantity} and no eval noise"}
