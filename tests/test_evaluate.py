@@ -26,10 +26,14 @@ from workflow_scripts.evaluate import run as evaluate
 from workflow_scripts.measures import passk
 from workflow_scripts.measures.eval_summary import summarize
 from workflow_scripts.models.generation import (
+    NEUTRAL_GENERATION,
     Completion,
     bounded_batch_size,
+    decode,
     generation_bytes_per_sequence,
     sample_completions,
+    sampling_warpers,
+    stop_token_ids,
 )
 from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
 from workflow_scripts.tasks.rows import make_row, write_rows
@@ -200,6 +204,36 @@ def test_a_shared_prefill_draws_what_prefilling_every_sample_draws(tiny):
         assert same == len(alone) if temperature == 0 else same >= 0.9 * len(alone)
         if temperature:
             assert len({c.token_ids for c in shared}) > len(PROMPTS)  # real samples, not one per prompt
+
+
+def test_the_decoding_loop_is_generates_sampling_step_and_ends_rows_at_their_stop(tiny):
+    """Greedy: the same tokens as ``generate``. Sampled: for one step, the same draws as ``generate``
+    with the same seed (same warpers, same multinomial); longer, a row keeps its tokens up to its end
+    token and only pads after it, while other rows go on."""
+    model, tok = tiny
+    stops, pad = stop_token_ids(model, tok), tok.pad_token_id
+    ids = torch.tensor([tok(p, add_special_tokens=False)["input_ids"][-3:] for p in PROMPTS])
+    mask = torch.ones_like(ids)
+    kw = {**NEUTRAL_GENERATION, "pad_token_id": pad, "eos_token_id": stops, "attention_mask": mask}
+    greedy = model.generate(ids, do_sample=False, max_new_tokens=6, **kw)[:, ids.shape[1] :]
+    ours = decode(model, ids, mask, 6, None, stops, pad)
+    for theirs, mine in zip(greedy.tolist(), ours.tolist(), strict=True):
+        end = next((j for j, t in enumerate(theirs) if t in stops), len(theirs) - 1)
+        assert mine[: end + 1] == theirs[: end + 1]
+    rows = ids.repeat_interleave(40, 0)
+    torch.manual_seed(7)
+    theirs = model.generate(rows, do_sample=True, temperature=0.7, top_p=0.8, max_new_tokens=1,
+                            **{**kw, "attention_mask": torch.ones_like(rows)})[:, -1]  # fmt: skip
+    torch.manual_seed(7)
+    mine = decode(model, ids, mask, 1, sampling_warpers(0.7, 0.8), stops, pad, repeat=40)[:, 0]
+    assert torch.equal(mine, theirs) and len(set(mine.tolist())) > 1
+    torch.manual_seed(1)
+    long = decode(model, ids, mask, 6, sampling_warpers(1.0, 1.0), stops, pad, repeat=40).tolist()
+    ended = [next((j for j, t in enumerate(row) if t in stops), None) for row in long]
+    assert any(e is not None and e < 5 for e in ended) and any(e is None or e == 5 for e in ended)
+    for row, end in zip(long, ended, strict=True):
+        if end is not None:
+            assert set(row[end + 1 :]) <= {pad}
 
 
 def test_saved_generation_defaults_do_not_change_sampling(tiny):

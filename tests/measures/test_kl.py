@@ -115,6 +115,24 @@ def test_sequence_logprobs_matches_unbatched_scoring(tok):
     assert got[3].item() == 0.0  # an empty completion has probability 1
 
 
+def test_shared_prompt_scoring_matches_scoring_each_pair_alone(tok):
+    """A prompt's samples share the prompt's forward pass: same sums as one full pass per pair, for
+    prompts of several lengths (left padding), completions of several lengths (right padding), an empty
+    one, and batches split by size and by the memory bound."""
+    model = _model(2)
+    prompts = [[3], [3, 4, 4, 3], [4, 3]] * 3 + [[3, 3]]
+    completions = [[4, 4, EOS], [3], [4, 3, 4], [EOS], [4, EOS], [3, 3], [4], [3, 4, 3, 4, EOS], [], [4]]
+    expected = sequence_logprobs(model, prompts, completions, pad_id=0, share_prefill=False)
+    by_hand = [sum(_next_logprobs(model, p + c[:j])[c[j]] for j in range(len(c))) for p, c in
+               zip(prompts, completions, strict=True)]  # fmt: skip
+    assert expected.tolist() == pytest.approx(by_hand, abs=1e-5)
+    for kwargs in ({}, {"batch_size": 1}, {"batch_size": 4}, {"memory_budget_gb": 1e-12}):
+        got = sequence_logprobs(model, prompts, completions, pad_id=0, **kwargs)
+        assert got.dtype == torch.float64
+        assert got.tolist() == pytest.approx(expected.tolist(), abs=1e-5), kwargs
+    assert got[8].item() == 0.0
+
+
 def test_bf16_policy_against_fp32_reference(tok):
     reference = _model(0)
     policy = copy.deepcopy(reference).to(torch.bfloat16)

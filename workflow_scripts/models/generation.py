@@ -1,7 +1,7 @@
 """Batched sampling from a causal LM with the transformers backend.
 
 All (prompt, sample) pairs are generated in batches across prompts, left padded, with the KV cache, so a
-batch of short prompts costs one ``generate`` call rather than one per prompt. A prompt is prefilled
+batch of short prompts costs one decoding loop rather than one per prompt. A prompt is prefilled
 once and its KV cache copied to its ``n_samples`` rows (``DynamicCache.batch_repeat_interleave``): the
 prompt, not the few answer tokens, is most of the work (word problems: 2.3x faster measured at 200 x 16).
 Pairs are ordered by prompt length (longest first) so a batch holds prompts of similar length (little
@@ -14,11 +14,14 @@ max_new_tokens) x dtype bytes) + prefill activations + attention scores + the ne
 the copies the sampler makes (vocab x 24 bytes); the budget is ``memory_budget_gb`` if given, else 70% of
 free GPU memory or 25% of available host memory, measured once per call.
 
-The sampled distribution is exactly softmax(logits / temperature) cut to ``top_p``: transformers fills
-every ``generate`` argument left unset from the model's saved ``generation_config`` (repetition penalty,
-top_k, min_p, suppressed tokens, ... e.g. Qwen instruct models ship top_k 20 and repetition_penalty
-1.05), so every such knob is set to its neutral value explicitly (``NEUTRAL_GENERATION``). This matters
-for the KL estimator, which needs draws from pi_theta itself.
+The sampled distribution is exactly softmax(logits / temperature) cut to ``top_p``: ``decode`` is
+``generate``'s sampling step with transformers' own temperature and top-p warpers and nothing else, so a
+model's saved ``generation_config`` (e.g. Qwen instruct models ship top_k 20 and repetition_penalty
+1.05) cannot leak into the draws. This matters for the KL estimator, which needs draws from pi_theta
+itself. ``decode`` exists because ``generate`` keeps a finished row computing pads until the batch's
+longest answer ends; most answers here end in half the token budget (README, Performance).
+``NEUTRAL_GENERATION`` lists the neutral value of every other knob, for a direct ``generate`` call
+(bench/bench_eval.py's baseline).
 
 Generation stops at any of the model's end tokens (the tokenizer's eos plus the generation config's
 ``eos_token_id`` list); ``Completion.stop_token_id`` records which one, so a completion can be
@@ -27,10 +30,12 @@ teacher-forced exactly as it was sampled.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,67 @@ def _rng_devices(device: torch.device) -> list[int]:
     return []
 
 
+def supports_logits_to_keep(model) -> bool:
+    """Whether ``model.forward`` can compute the logits of the last positions only."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def sampling_warpers(temperature: float, top_p: float) -> LogitsProcessorList:
+    """What ``generate`` applies when sampling with every other knob neutral (``NEUTRAL_GENERATION``):
+    logits / temperature, then the top_p nucleus (at least one token kept)."""
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p, min_tokens_to_keep=1))
+    return warpers
+
+
+def decode(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
+           warpers: LogitsProcessorList | None, stops: list[int], pad: int,
+           repeat: int = 1) -> torch.Tensor:  # fmt: skip
+    """The (rows x repeat, max_new_tokens) new tokens of left-padded prompts, pad after each row's end
+    token: ``generate``'s sampling step (float32 logits, ``warpers``, softmax, one multinomial draw per
+    row; argmax when ``warpers`` is None) over a KV cache, with two savings that ``generate`` lacks.
+    The prompts run once and their cache is copied to ``repeat`` rows each (a prompt's samples), and a
+    row that has ended leaves the batch (its cache rows dropped) instead of computing pads to the longest
+    answer: most answers here end in half the budget. Reproducible for given (seed, prompts, batches)."""
+    device = ids.device
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    last = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, **last).logits[:, -1]  # fmt: skip
+    positions = mask.sum(-1)
+    if repeat > 1:
+        cache.batch_repeat_interleave(repeat)
+        logits, mask, positions = (x.repeat_interleave(repeat, 0) for x in (logits, mask, positions))
+    out = torch.full((len(logits), max_new_tokens), pad, dtype=torch.long, device=device)
+    alive = torch.arange(len(logits), device=device)
+    stop_ids = torch.tensor(stops, device=device)
+    for step in range(max_new_tokens):
+        scores = logits.to(dtype=torch.float32)
+        if warpers is None:
+            tokens = scores.argmax(-1)
+        else:
+            scores = warpers(out[alive, :step], scores)
+            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        out[alive, step] = tokens
+        going = ~torch.isin(tokens, stop_ids)
+        if step == max_new_tokens - 1 or not going.any():
+            break
+        if not going.all():
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            alive, tokens, mask, positions = alive[keep], tokens[keep], mask[keep], positions[keep]
+        mask = torch.cat([mask, mask.new_ones((len(mask), 1))], dim=1)
+        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                       past_key_values=cache, use_cache=True).logits[:, -1]  # fmt: skip
+        positions = positions + 1
+    return out
+
+
 @torch.inference_mode()
 def sample_completions(
     model,
@@ -185,17 +251,7 @@ def sample_completions(
     prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
     order = sorted(range(len(prompts)), key=lambda i: -len(prompt_ids[i]))
     pairs = [(i, s) for i in order for s in range(n_samples)]
-    do_sample = temperature > 0
-    kwargs = {
-        **NEUTRAL_GENERATION,
-        "do_sample": do_sample,
-        "temperature": temperature if do_sample else 1.0,
-        "top_p": top_p if do_sample else 1.0,
-        "max_new_tokens": max_new_tokens,
-        "pad_token_id": pad,
-        "eos_token_id": stops,
-        "use_cache": True,
-    }
+    warpers = sampling_warpers(temperature, top_p) if temperature > 0 else None
     budget = memory_budget_bytes(device, memory_budget_gb)
     results: dict[tuple[int, int], Completion] = {}
     stop_set = set(stops)
@@ -209,10 +265,10 @@ def sample_completions(
                 mask[row, width - len(p) :] = 1
         return ids.to(device), mask.to(device)
 
-    def collect(chunk: list[tuple[int, int]], out: torch.Tensor, width: int) -> None:
+    def collect(chunk: list[tuple[int, int]], out: torch.Tensor) -> None:
         cut: list[list[int]] = []
         ends: list[int | None] = []
-        for seq in out[:, width:].tolist():
+        for seq in out.tolist():
             end = next((j for j, tok in enumerate(seq) if tok in stop_set), None)
             cut.append(seq if end is None else seq[:end])
             ends.append(None if end is None else seq[end])
@@ -228,9 +284,9 @@ def sample_completions(
 
     # Shared prefill: each prompt's KV cache is computed once and copied to its n samples (the prompt
     # dominates the cost of short answers). Needs a whole prompt's samples in one batch (the longest
-    # prompt, first, has the smallest bound) and a token left after the prefill for generate to take.
+    # prompt, first, has the smallest bound).
     shared = share_prefill and n_samples > 1 and bool(order) and size_for(order[0]) >= n_samples
-    shared = shared and min(len(p) for p in prompt_ids) > 1
+    shared = shared and min(len(p) for p in prompt_ids) > 0
     with torch.random.fork_rng(devices=_rng_devices(device)):
         torch.manual_seed(seed)
         start = 0
@@ -240,18 +296,12 @@ def sample_completions(
                 start += len(group)
                 longest = len(prompt_ids[group[0]])
                 ids, mask = left_padded([prompt_ids[i] for i in group], longest)
-                cache = DynamicCache(config=model.config)
-                model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
-                      position_ids=(mask[:, :-1].cumsum(-1) - 1).clamp(min=0), past_key_values=cache,
-                      use_cache=True)  # fmt: skip
-                cache.batch_repeat_interleave(n_samples)
-                ids, mask = ids.repeat_interleave(n_samples, 0), mask.repeat_interleave(n_samples, 0)
-                out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kwargs)
-                collect([(i, s) for i in group for s in range(n_samples)], out, longest)
+                out = decode(model, ids, mask, max_new_tokens, warpers, stops, pad, repeat=n_samples)
+                collect([(i, s) for i in group for s in range(n_samples)], out)
             else:
                 longest = len(prompt_ids[pairs[start][0]])
                 chunk = pairs[start : start + size_for(pairs[start][0])]
                 start += len(chunk)
                 ids, mask = left_padded([prompt_ids[i] for i, _ in chunk], longest)
-                collect(chunk, model.generate(input_ids=ids, attention_mask=mask, **kwargs), longest)
+                collect(chunk, decode(model, ids, mask, max_new_tokens, warpers, stops, pad))
     return [results[(i, s)] for i in range(len(prompts)) for s in range(n_samples)]
