@@ -9,6 +9,10 @@ from pi_theta), teacher-forced through both models, and log-probabilities summed
 | k1        | -log r                                                        | unbiased, can be negative    |
 | k3        | exp(log r) - 1 - log r                                        | unbiased, >= 0, lower var.   |
 
+k3's lower variance holds near pi_0; at the default's ~0.3 nats per sequence a rare completion that
+pi_0 likes far more than pi_theta has a huge k3 (measured: one prompt's mean 31 against a task mean of
+0.35, README "A valid miniature"), so k3's Monte-Carlo variance is itself noisy there.
+
 Per-prompt means are averaged over prompts. Two uncertainties are reported, for two questions:
 
 | field                | what                                                   | answers                    |
