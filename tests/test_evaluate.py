@@ -236,6 +236,25 @@ def test_the_decoding_loop_is_generates_sampling_step_and_ends_rows_at_their_sto
             assert set(row[end + 1 :]) <= {pad}
 
 
+def test_decoding_in_place_draws_what_concatenating_the_cache_draws(tiny):
+    """GrowingLayer (a token written into a buffer) against transformers' DynamicLayer (the cache
+    concatenated every step): the same keys and values, so the same tokens, greedy and sampled, with
+    repeated prompts and rows dropped as they end."""
+    model, tok = tiny
+    stops, pad = stop_token_ids(model, tok), tok.pad_token_id
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    for warpers in (None, sampling_warpers(1.0, 0.9)):
+        out = {}
+        for grow in (True, False):
+            torch.manual_seed(3)
+            out[grow] = decode(model, ids, mask, 6, warpers, stops, pad, repeat=7, grow=grow)
+        assert torch.equal(out[True], out[False])
+    assert len({tuple(r) for r in out[True].tolist()}) > len(PROMPTS)  # sampled rows differ
+
+
 def test_saved_generation_defaults_do_not_change_sampling(tiny):
     """A model's generation_config (top_k, repetition penalty, ...) must not leak into the sampler."""
     model, tok = tiny

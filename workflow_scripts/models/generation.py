@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 
@@ -179,17 +180,70 @@ def sampling_warpers(temperature: float, top_p: float) -> LogitsProcessorList:
     return warpers
 
 
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values sit in a buffer with ``room`` free positions after the
+    prompt: a decoding step writes its token in place, where ``DynamicLayer`` concatenates (copies) the
+    whole cache at every step. ``keys``/``values`` are views of the filled part, as attention expects."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room, self.length = room, 0
+        self.k_buf = self.v_buf = None
+
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys, self.values = self.k_buf[..., : self.length, :], self.v_buf[..., : self.length, :]
+        return self.keys, self.values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self.k_buf is None or self.length + n > self.k_buf.shape[-2]:
+            shape = (*key_states.shape[:-2], self.length + n + self.room, key_states.shape[-1])
+            k_buf, v_buf = key_states.new_empty(shape), value_states.new_empty(shape)
+            if self.length:
+                k_buf[..., : self.length, :], v_buf[..., : self.length, :] = self.keys, self.values
+            self.k_buf, self.v_buf = k_buf, v_buf
+        self.k_buf[..., self.length : self.length + n, :] = key_states
+        self.v_buf[..., self.length : self.length + n, :] = value_states
+        self.length += n
+        return self._views()
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.length:
+            self.k_buf, self.v_buf = (b.repeat_interleave(repeats, dim=0) for b in (self.k_buf, self.v_buf))
+            self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self.k_buf, self.v_buf = self.k_buf[indices, ...], self.v_buf[indices, ...]
+            self._views()
+
+
+def decoding_cache(model, room: int) -> DynamicCache:
+    """A ``DynamicCache`` of ``GrowingLayer``s with ``room`` positions to decode into (full-attention
+    models; any other layer type keeps transformers' own layers)."""
+    cache = DynamicCache(config=model.config)
+    if all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [GrowingLayer(room) for _ in cache.layers]
+    return cache
+
+
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
            warpers: LogitsProcessorList | None, stops: list[int], pad: int,
-           repeat: int = 1) -> torch.Tensor:  # fmt: skip
+           repeat: int = 1, grow: bool = True) -> torch.Tensor:  # fmt: skip
     """The (rows x repeat, max_new_tokens) new tokens of left-padded prompts, pad after each row's end
     token: ``generate``'s sampling step (float32 logits, ``warpers``, softmax, one multinomial draw per
     row; argmax when ``warpers`` is None) over a KV cache, with two savings that ``generate`` lacks.
     The prompts run once and their cache is copied to ``repeat`` rows each (a prompt's samples), and a
     row that has ended leaves the batch (its cache rows dropped) instead of computing pads to the longest
-    answer: most answers here end in half the budget. Reproducible for given (seed, prompts, batches)."""
+    answer: most answers here end in half the budget. ``grow``: decode into ``GrowingLayer``s (False:
+    transformers' ``DynamicLayer``, the same numbers). Reproducible for given (seed, prompts, batches)."""
     device = ids.device
-    cache = DynamicCache(config=model.config)
+    cache = decoding_cache(model, max_new_tokens) if grow else DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     last = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
