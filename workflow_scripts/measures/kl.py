@@ -56,6 +56,7 @@ import torch
 
 from workflow_scripts.models.generation import (
     bounded_batch_size,
+    left_padded,
     memory_budget_bytes,
     sample_completions,
     scoring_bytes_per_sequence,
@@ -87,7 +88,7 @@ def sequence_logprobs(
     budget = memory_budget_bytes(device, memory_budget_gb)
     repeated = len({tuple(p) for p in prompts}) < len(prompts)
     if share_prefill and repeated and min(map(len, prompts), default=0):
-        return _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, budget, out)
+        return _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, budget)
     order = sorted(range(len(prompts)), key=lambda j: -(len(prompts[j]) + len(completions[j])))
     order = [j for j in order if completions[j]]
     keep_logits = supports_logits_to_keep(model)
@@ -100,13 +101,8 @@ def sequence_logprobs(
         chunk = order[start : start + size]
         start += size
         scored = max(len(completions[j]) for j in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, j in enumerate(chunk):
-            seq = list(prompts[j]) + list(completions[j])
-            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        seqs = [list(prompts[j]) + list(completions[j]) for j in chunk]
+        ids, mask = left_padded(seqs, width, pad_id, device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         kwargs = {"logits_to_keep": scored + 1} if keep_logits else {}
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, **kwargs).logits
@@ -121,7 +117,7 @@ def sequence_logprobs(
     return out
 
 
-def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, budget, out) -> torch.Tensor:
+def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, budget) -> torch.Tensor:
     """``sequence_logprobs`` for pairs that share prompts: each distinct prompt is run once (left
     padded, KV cache kept, the logits of its last position score the first completion token), its cache
     is copied to its pairs (``DynamicCache.batch_select_indices``) and the completions, right padded,
@@ -129,6 +125,8 @@ def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, bu
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
+    out = torch.zeros(len(prompts), dtype=torch.float64)
+    keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
     pairs_of: dict[tuple[int, ...], list[int]] = {}
     for j, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         if c:
@@ -145,16 +143,10 @@ def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, bu
             rows += len(pairs_of[keys[start + len(chunk)]])
             chunk.append(keys[start + len(chunk)])
         start += len(chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, key in enumerate(chunk):
-            ids[row, width - len(key) :] = torch.tensor(key, dtype=torch.long)
-            mask[row, width - len(key) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = left_padded([list(key) for key in chunk], width, pad_id, device)
         cache = DynamicCache(config=model.config)
-        kwargs = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         first = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                      past_key_values=cache, use_cache=True, **kwargs).logits[:, -1]  # fmt: skip
+                      past_key_values=cache, use_cache=True, **keep_logits).logits[:, -1]  # fmt: skip
         pair_rows = [j for key in chunk for j in pairs_of[key]]
         prompt_row = [row for row, key in enumerate(chunk) for _ in pairs_of[key]]
         prompt_row = torch.tensor(prompt_row, device=device)

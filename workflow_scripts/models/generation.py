@@ -171,6 +171,17 @@ def supports_logits_to_keep(model) -> bool:
         return False
 
 
+def left_padded(rows: list[list[int]], width: int, pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of token rows right-aligned in ``width`` columns, ``pad`` on the left."""
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(rows):
+        if p:
+            ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[row, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
 def sampling_warpers(temperature: float, top_p: float) -> LogitsProcessorList:
     """What ``generate`` applies when sampling with every other knob neutral (``NEUTRAL_GENERATION``):
     logits / temperature, then the top_p nucleus (at least one token kept)."""
@@ -234,18 +245,20 @@ def decoding_cache(model, room: int) -> DynamicCache:
 
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
            warpers: LogitsProcessorList | None, stops: list[int], pad: int,
-           repeat: int = 1, grow: bool = True) -> torch.Tensor:  # fmt: skip
+           repeat: int = 1, grow: bool = True, last_only: bool | None = None) -> torch.Tensor:  # fmt: skip
     """The (rows x repeat, max_new_tokens) new tokens of left-padded prompts, pad after each row's end
     token: ``generate``'s sampling step (float32 logits, ``warpers``, softmax, one multinomial draw per
     row; argmax when ``warpers`` is None) over a KV cache, with two savings that ``generate`` lacks.
     The prompts run once and their cache is copied to ``repeat`` rows each (a prompt's samples), and a
     row that has ended leaves the batch (its cache rows dropped) instead of computing pads to the longest
     answer: most answers here end in half the budget. ``grow``: decode into ``GrowingLayer``s (False:
-    transformers' ``DynamicLayer``, the same numbers). Reproducible for given (seed, prompts, batches)."""
+    transformers' ``DynamicLayer``, the same numbers). ``last_only``: whether the model takes
+    ``logits_to_keep`` (None: look it up). Reproducible for given (seed, prompts, batches)."""
     device = ids.device
     cache = decoding_cache(model, max_new_tokens) if grow else DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    last = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    last_only = supports_logits_to_keep(model) if last_only is None else last_only
+    last = {"logits_to_keep": 1} if last_only else {}
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                    use_cache=True, **last).logits[:, -1]  # fmt: skip
     positions = mask.sum(-1)
@@ -306,18 +319,10 @@ def sample_completions(
     order = sorted(range(len(prompts)), key=lambda i: -len(prompt_ids[i]))
     pairs = [(i, s) for i in order for s in range(n_samples)]
     warpers = sampling_warpers(temperature, top_p) if temperature > 0 else None
+    last_only = supports_logits_to_keep(model)
     budget = memory_budget_bytes(device, memory_budget_gb)
     results: dict[tuple[int, int], Completion] = {}
     stop_set = set(stops)
-
-    def left_padded(rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, p in enumerate(rows):
-            if p:
-                ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-                mask[row, width - len(p) :] = 1
-        return ids.to(device), mask.to(device)
 
     def collect(chunk: list[tuple[int, int]], out: torch.Tensor) -> None:
         cut: list[list[int]] = []
@@ -349,13 +354,24 @@ def sample_completions(
                 group = order[start : start + size_for(order[start]) // n_samples]
                 start += len(group)
                 longest = len(prompt_ids[group[0]])
-                ids, mask = left_padded([prompt_ids[i] for i in group], longest)
-                out = decode(model, ids, mask, max_new_tokens, warpers, stops, pad, repeat=n_samples)
+                ids, mask = left_padded([prompt_ids[i] for i in group], longest, pad, device)
+                out = decode(
+                    model,
+                    ids,
+                    mask,
+                    max_new_tokens,
+                    warpers,
+                    stops,
+                    pad,
+                    repeat=n_samples,
+                    last_only=last_only,
+                )
                 collect([(i, s) for i in group for s in range(n_samples)], out)
             else:
                 longest = len(prompt_ids[pairs[start][0]])
                 chunk = pairs[start : start + size_for(pairs[start][0])]
                 start += len(chunk)
-                ids, mask = left_padded([prompt_ids[i] for i, _ in chunk], longest)
-                collect(chunk, decode(model, ids, mask, max_new_tokens, warpers, stops, pad))
+                ids, mask = left_padded([prompt_ids[i] for i, _ in chunk], longest, pad, device)
+                out = decode(model, ids, mask, max_new_tokens, warpers, stops, pad, last_only=last_only)
+                collect(chunk, out)
     return [results[(i, s)] for i in range(len(prompts)) for s in range(n_samples)]
