@@ -88,9 +88,9 @@ def _row(
         "n_samples": n,
         "eval_noise_var": sampling_noise_var(c, n),
         "kl_k1": kl,
-        "kl_k3": kl,
-        "kl_k3_se": kl_se,
-        "kl_k3_mc_var": kl_se**2,  # the Monte-Carlo noise the analysis holds out (here: all of the SE)
+        "kl_rb": kl,
+        "kl_rb_se": kl_se,
+        "kl_rb_mc_var": kl_se**2,  # the Monte-Carlo noise the analysis holds out (here: all of the SE)
     }
 
 

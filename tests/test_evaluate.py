@@ -450,7 +450,7 @@ def test_evaluate_writes_samples_summary_and_kl_in_the_saved_dtype(tiny, tmp_pat
         "bfloat16",
         "base-bfloat16",
     )
-    assert kl["k1_mean"] == 0.0 and kl["k3_mean"] == 0.0  # an untrained bf16 run is its arm's start exactly
+    assert kl["k1_mean"] == kl["k3_mean"] == kl["rb_mean"] == 0.0  # an untrained bf16 run is its arm's start exactly
     again = _evaluate(base_dir, base_dir, data, tmp_path / "again", "base")
     assert again["correct_counts"] == base["correct_counts"]
     assert pd.read_parquet(tmp_path / "again/base/t.samples.parquet").equals(
@@ -488,7 +488,7 @@ def test_evaluate_rule_for_base_writes_pass_at_1_and_kl_in_one_job(tmp_path):
         assert len(samples) == summary["N"] * n == config["data"]["tasks"][task]["n"] * n
         assert 0.0 <= summary["pass_at_1"] <= 1.0 and summary["dtype"] == "float32"
         kl = json.loads((wf / f"results/eval/base/{task}.kl.json").read_text())
-        assert kl["k1_mean"] == 0.0 and kl["k3_mean"] == 0.0  # base vs base: exactly
+        assert kl["k1_mean"] == kl["k3_mean"] == kl["rb_mean"] == 0.0  # base vs base: exactly
         ev = config["eval"]
         assert (kl["n_prompts"], kl["n_samples"]) == (ev["kl_prompts"], ev["kl_samples"])
         assert (wf / f"logs/evaluate/base/{task}.log").exists()

@@ -473,20 +473,20 @@ def test_noise_share_is_mean_noise_over_the_pooled_across_seed_variance_and_flag
 
 def test_simulated_kl_noise_across_runs_is_the_mc_var_column_not_the_prompt_level_se():
     """The simulation's KL: only the Monte-Carlo part differs between runs; the prompt-set deviation is
-    fixed per task (so kl_k3_se^2 overstates the noise), as in the experiment (``kl``)."""
+    fixed per task (so kl_rb_se^2 overstates the noise), as in the experiment (``kl``)."""
     zero = {(a, r): 0.0 for a in simulation.ARMS for r in simulation.ROLES}
     seeds = 200
     table = simulation.simulate_table(
         np.random.default_rng(56), n_seeds=seeds, kl_seed_var=zero, kl_task_var=0.0
     )
     runs = table[table["run"] != "base"]
-    mc, se = runs["kl_k3_mc_var"].unique(), runs["kl_k3_se"].unique()
+    mc, se = runs["kl_rb_mc_var"].unique(), runs["kl_rb_se"].unique()
     assert len(mc) == 1 and len(se) == 1 and se[0] ** 2 > 2 * mc[0]
     df = seeds - 1
     lo, hi = st.chi2.ppf([0.0005, 0.9995], df) / df  # a variance from `seeds` draws, per arm x task
-    ratio = runs.groupby(["precision", "task"])["kl_k3"].var() / mc[0]
+    ratio = runs.groupby(["precision", "task"])["kl_rb"].var() / mc[0]
     assert ratio.between(lo, hi).all(), ratio
-    means = runs.groupby("task")["kl_k3"].mean() - 0.05  # the fixed deviation, shared by both arms
+    means = runs.groupby("task")["kl_rb"].mean() - 0.05  # the fixed deviation, shared by both arms
     assert (means.abs() > 4 * np.sqrt(mc[0] / (2 * seeds))).any()
 
 
@@ -499,17 +499,17 @@ def test_kl_noise_is_the_mc_var_and_falls_back_to_the_prompt_level_se_with_a_war
 
     noise, warnings = kl_noise(table)
     assert noise == pytest.approx(simulation.KL_MC_SD**2)
-    assert not any("kl_k3_mc_var" in w for w in warnings)
+    assert not any("kl_rb_mc_var" in w for w in warnings)
     se2 = simulation.KL_MC_SD**2 + simulation.KL_PROMPT_SD**2
-    one_sample = table.assign(kl_k3_mc_var=np.where(table["run"] == "fp32-s1", np.nan, table["kl_k3_mc_var"]))
+    one_sample = table.assign(kl_rb_mc_var=np.where(table["run"] == "fp32-s1", np.nan, table["kl_rb_mc_var"]))
     noise, warnings = kl_noise(one_sample)  # kl_samples 1 in one run: null mc var, that run falls back
     assert noise == pytest.approx(simulation.KL_MC_SD**2 + (se2 - simulation.KL_MC_SD**2) / CAL_SEEDS)
     n_rows = int((table["run"] == "fp32-s1").sum())
-    assert [w for w in warnings if "kl_k3_mc_var" in w] == [
-        f"kl_k3_mc_var missing for {n_rows} row(s): their KL eval noise is kl_k3_se^2, the conservative "
+    assert [w for w in warnings if "kl_rb_mc_var" in w] == [
+        f"kl_rb_mc_var missing for {n_rows} row(s): their KL eval noise is kl_rb_se^2, the conservative "
         "prompt-level bound (it counts the fixed between-prompt spread as noise)"
     ]
-    noise, warnings = kl_noise(table.drop(columns="kl_k3_mc_var"))  # results from before the column
+    noise, warnings = kl_noise(table.drop(columns="kl_rb_mc_var"))  # results from before the column
     assert noise == pytest.approx(se2) and any("conservative prompt-level bound" in w for w in warnings)
 
 
@@ -709,12 +709,12 @@ def test_analyze_one_seed_is_not_an_error():
 
 def test_analyze_constant_dj_and_missing_kl_and_noise_columns():
     table = simulation.simulate_table(np.random.default_rng(11), n_seeds=4)
-    table = table.drop(columns=["kl_k3", "kl_k3_se", "eval_noise_var", "J"])
+    table = table.drop(columns=["kl_rb", "kl_rb_se", "eval_noise_var", "J"])
     table.loc[table["run"] != "base", "dJ"] = 0.01
     out = stats.analyze(table, SMALL, precisions=ARMS)
     _check_output(out)
     assert out["eval_noise_source"] == "none"
-    assert any("kl_k3" in w for w in out["warnings"])
+    assert any("kl_rb" in w for w in out["warnings"])
     assert out["mixed_model"]["off_task"]["kl"]["status"] == "failed"
 
 
@@ -762,7 +762,7 @@ SIX_ARMS = ["fp32", "fp32_drop", "bf16", "bf16_drop", "autocast", "autocast_drop
 def flat_table(arms=SIX_ARMS, n_seeds: int = 2) -> pd.DataFrame:
     """What a few-step run of a tiny model gives: every dJ and KL exactly 0, no eval noise."""
     table = simulation.simulate_table(np.random.default_rng(30), n_seeds=n_seeds, n_off=1, arms=arms)
-    return table.assign(dJ=0.0, J=0.0, eval_noise_var=0.0, kl_k3=0.0, kl_k3_se=0.0, kl_k3_mc_var=0.0)
+    return table.assign(dJ=0.0, J=0.0, eval_noise_var=0.0, kl_rb=0.0, kl_rb_se=0.0, kl_rb_mc_var=0.0)
 
 
 def test_zero_spread_and_zero_noise_give_not_testable_verdicts_and_no_fake_ratios():
@@ -823,16 +823,16 @@ def _kl_on_scales(seed: int, arm_factor: float = 1.0) -> pd.DataFrame:
     chain 0.36): task off0 divided by 1000, values and noise alike; ``arm_factor`` scales bf16's
     deviations from its task means (its seed variance by arm_factor^2)."""
     t = simulation.simulate_table(np.random.default_rng(seed), n_seeds=8, n_problems=200, n_samples=32)
-    t["kl_k3"] = t["kl_k3"].astype(float)
+    t["kl_rb"] = t["kl_rb"].astype(float)
     bf16 = t["precision"] == "bf16"
     for task in t["task"].unique():
         sel = bf16 & (t["task"] == task)
-        mean = t.loc[sel, "kl_k3"].mean()
-        t.loc[sel, "kl_k3"] = mean + arm_factor * (t.loc[sel, "kl_k3"] - mean)
+        mean = t.loc[sel, "kl_rb"].mean()
+        t.loc[sel, "kl_rb"] = mean + arm_factor * (t.loc[sel, "kl_rb"] - mean)
     small = t["task"] == "off0"
-    t.loc[small, "kl_k3"] *= 1e-3
-    t.loc[small, "kl_k3_se"] *= 1e-3
-    t.loc[small, "kl_k3_mc_var"] *= 1e-6
+    t.loc[small, "kl_rb"] *= 1e-3
+    t.loc[small, "kl_rb_se"] *= 1e-3
+    t.loc[small, "kl_rb_mc_var"] *= 1e-6
     return t
 
 

@@ -42,6 +42,7 @@ from workflow_scripts.statistics.report_tables import (
     noise_share_section,
     numbers_section,
     overlap_section,
+    kl_name,
     ratio_with_ci,
     sampler_gap_section,
     table,
@@ -52,13 +53,13 @@ from workflow_scripts.tasks.rows import read_json, read_parquet
 HYPOTHESES = {  # the role and quantity each one tests come from stats.json (verdicts[H].scope)
     "H1": "on-task performance is insensitive to precision (mean and seed variance of dJ equivalent)",
     "H2": "off-task performance is sensitive: the seed variance of dJ is larger",
-    "H3": "off-task KL to the base policy drifts more: the seed variance of KL k3 is larger (on-task KL "
+    "H3": "off-task KL to the base policy drifts more: the seed variance of KL is larger (on-task KL "
     "stays leashed)",
 }
 RATIO_NOTE = (
     "Ratio = whole seed variance arm / reference of the mixed model (each task's variance across seeds "
     "that training causes: the seed effect shared by the role's tasks plus the seed x task effect, the "
-    "known eval noise held out; dJ for H1/H2, KL k3 for H3) with its (1-alpha) profile interval (H2 and "
+    "known eval noise held out; dJ for H1/H2, KL for H3) with its (1-alpha) profile interval (H2 and "
     "H3 are decided on the interval's one-sided bound at alpha, the lower end of the (1-2 alpha) interval)"
 )
 
@@ -126,7 +127,7 @@ def noise_warnings(stats: Mapping) -> list[str]:
         arms = ", ".join(f"{a} {fmt(v, 2)}" for a, v in shares.items())
         out.append(
             f"**Warning: {h} ({verdict}) rests on an eval-noise share above {fmt(ns.get('warn_above'))}** "
-            f"({role} {'KL k3' if q == 'kl' else q}: {arms}): most of the across-seed spread it compares is "
+            f"({role} {kl_name(stats) if q == 'kl' else q}: {arms}): most of the across-seed spread it compares is "
             "measurement noise; more problems or samples per task would shrink it."
         )
     return out
@@ -264,8 +265,8 @@ FLOOR_HEADER = [
     "repeated pairs",
     "repeat var dJ",
     "seed var dJ",
-    "repeat var KL k3",
-    "seed var KL k3",
+    "repeat var KL",
+    "seed var KL",
 ]
 
 
@@ -282,7 +283,7 @@ def noise_floor_section(stats: Mapping) -> str:
     for arm, block in (floor.get("arms") or {}).items():
         for role, tasks in (stats.get("tasks") or {}).items():
             cells = [arm, role, str(len(block.get("pairs") or []))]
-            for q, seed_key in (("dJ", "dJ"), ("kl_k3", "kl_k3")):
+            for q, seed_key in (("dJ", "dJ"), ("kl", "kl")):
                 var, df = _pooled_over(get(block, q, "by_task") or {}, tasks)
                 seed_var = get(stats, "by_task_type", role, "arms", arm, seed_key, "pooled_var")
                 cells += [f"{fmt(var)} (df {df})", fmt(seed_var)]

@@ -1,7 +1,7 @@
 """stats.json: ``analyze(metrics, cfg)`` runs the gate, the mixed model, the classical tests and the verdicts.
 
 Pure (no file I/O). The unit of replication is the training seed. Per task role (on_task, off_task)
-and quantity (dJ; KL k3 for H3):
+and quantity (dJ; KL for H3, by the estimator ``analysis.kl_estimator``, default rb):
 
 - the mixed model (``variance_model``; primary): per (precision, role) the whole seed variance of a
   task (shared seed effect + seed x task effect) and its two parts, with the known eval noise of every
@@ -22,8 +22,8 @@ from run.json's health record) are excluded before anything is computed and list
 Input columns: required ``run, precision, seed, task, role, dJ``; base rows (precision null, or a run
 named ``base``/``base-<dtype>``) give the base's own eval noise for the gate and are otherwise ignored
 (dJ is already relative to the arm's base). Optional: ``eval_noise_var`` (else ``J, n_samples,
-n_problems`` give the bound J(1-J)/(n N)), ``kl_k3`` (+ its noise ``kl_k3_mc_var``, else the larger
-``kl_k3_se``^2 with a warning), ``diverged``.
+n_problems`` give the bound J(1-J)/(n N)), ``kl_<estimator>`` (+ its noise ``kl_<estimator>_mc_var``,
+else the larger ``kl_<estimator>_se``^2 with a warning), ``diverged``.
 Config: the schema's ``analysis`` section; missing keys take the schema's defaults (the only copy).
 """
 
@@ -91,8 +91,11 @@ def _arm_order(
     return order + extra
 
 
-def _prepare(metrics: pd.DataFrame, warn: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict, str]:
-    """(trained rows, base rows, excluded-runs block, noise source); raises ValueError if malformed."""
+def _prepare(
+    metrics: pd.DataFrame, warn: list[str], estimator: str = "rb"
+) -> tuple[pd.DataFrame, pd.DataFrame, dict, str]:
+    """(trained rows, base rows, excluded-runs block, noise source); raises ValueError if malformed.
+    ``estimator``: the KL estimator H3 reads (``kl_<estimator>`` columns, ``analysis.kl_estimator``)."""
     missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
     if missing:
         raise ValueError(f"metrics table lacks column(s) {missing}")
@@ -127,24 +130,25 @@ def _prepare(metrics: pd.DataFrame, warn: list[str]) -> tuple[pd.DataFrame, pd.D
     rows["precision"] = rows["precision"].astype(str)
     if source != "column":
         warn.append(f"eval_noise_var incomplete: noise source is '{source}'")
-    if "kl_k3" in rows.columns:
-        rows["kl"] = pd.to_numeric(rows["kl_k3"], errors="coerce")
+    name = f"kl_{estimator}"
+    if name in rows.columns:
+        rows["kl"] = pd.to_numeric(rows[name], errors="coerce")
         # KL noise: the Monte-Carlo variance given the (shared) prompts; else the prompt-level SE^2 (kl)
         absent = pd.Series(np.nan, index=rows.index)
-        col = {c: pd.to_numeric(rows.get(c, absent), errors="coerce") for c in ("kl_k3_mc_var", "kl_k3_se")}
-        mc = col["kl_k3_mc_var"].where(np.isfinite(col["kl_k3_mc_var"]))
-        rows["kl_var"] = mc.fillna(col["kl_k3_se"] ** 2).fillna(0.0)
+        col = {c: pd.to_numeric(rows.get(name + c, absent), errors="coerce") for c in ("_mc_var", "_se")}
+        mc = col["_mc_var"].where(np.isfinite(col["_mc_var"]))
+        rows["kl_var"] = mc.fillna(col["_se"] ** 2).fillna(0.0)
         fallback = int((rows["kl"].notna() & mc.isna()).sum())
         if fallback:
             warn.append(
-                f"kl_k3_mc_var missing for {fallback} row(s): their KL eval noise is kl_k3_se^2, the "
+                f"{name}_mc_var missing for {fallback} row(s): their KL eval noise is {name}_se^2, the "
                 "conservative prompt-level bound (it counts the fixed between-prompt spread as noise)"
             )
         if rows["kl"].isna().any():
-            warn.append("kl_k3 missing for some rows: KL tests skipped where it is")
+            warn.append(f"{name} missing for some rows: KL tests skipped where it is")
     else:
         rows["kl"], rows["kl_var"] = np.nan, 0.0
-        warn.append("no kl_k3 column: H3 not tested")
+        warn.append(f"no {name} column: H3 not tested")
     return rows, base, excluded, source
 
 
@@ -176,7 +180,10 @@ def analyze(
     """
     cfg = {**analysis_defaults(), **dict(cfg or {})}
     warn: list[str] = []
-    rows, base, excluded, noise_source = _prepare(nf.without_repeats(metrics), warn)  # repeats: noise_floor
+    estimator = str(cfg["kl_estimator"])
+    rows, base, excluded, noise_source = _prepare(nf.without_repeats(metrics), warn, estimator)  # repeats: noise_floor
+    kl_column = f"kl_{estimator}"
+    floor_input = metrics.assign(kl=metrics[kl_column]) if kl_column in metrics.columns else metrics
     arms = _arm_order(rows, precisions, warn)
     controls = {
         **(vd.control_arms(precisions) if isinstance(precisions, Mapping) else {}),
@@ -271,6 +278,7 @@ def analyze(
         },
         "tasks": tasks_by_type,
         "eval_noise_source": noise_source,
+        "kl_estimator": estimator,
         "excluded_runs": excluded,
         "gate": {**gate, "margin": margin, "mean_margin_fraction": cfg["mean_margin_fraction"]},
         "by_task_type": by_type,
@@ -279,7 +287,7 @@ def analyze(
         "noise_share": sc.noise_share_block(by_type, arms, controls),
         "verdicts": vd.decide(gate, by_type, arms, cfg, controls),
         "controls": vd.control_outcomes(by_type, arms, controls, cfg, gate),
-        "noise_floor": nf.noise_floor(metrics),
+        "noise_floor": nf.noise_floor(floor_input),
         "warnings": warn,
     }
     return json_safe(out)

@@ -125,7 +125,7 @@ def test_two_real_repeats_are_bit_identical_on_cpu_so_the_floor_is_exactly_zero(
     assert floor["status"] == "ok" and set(floor["pairs"]) == {"fp32-s1", "bf16-s1"}
     for precision in ("fp32", "bf16"):
         assert floor["pairs"][f"{precision}-s1"]["identical"] is True
-        for quantity in ("dJ", "kl_k3"):
+        for quantity in ("dJ", "kl"):
             block = floor["arms"][precision][quantity]
             assert {t: v["var"] for t, v in block["by_task"].items()} == {"add_sub": 0.0, "mul": 0.0}
             assert block["by_role"]["off_task"] == {"var": 0.0, "df": 1}

@@ -46,6 +46,9 @@ KL_COLUMNS = [
     "kl_k3",
     "kl_k3_se",
     "kl_k3_mc_var",
+    "kl_rb",
+    "kl_rb_se",
+    "kl_rb_mc_var",
     "kl_n_prompts",
     "kl_n_samples",
 ]
@@ -244,6 +247,9 @@ def kl_row(path: str | os.PathLike) -> dict:
         "kl_k3_se": _num(d.get("k3_se")),
         "kl_k1_mc_var": _num(d.get("k1_mc_var")),
         "kl_k3_mc_var": _num(d.get("k3_mc_var")),
+        "kl_rb": _num(d.get("rb_mean")),  # absent in kl.json from before the estimator: null
+        "kl_rb_se": _num(d.get("rb_se")),
+        "kl_rb_mc_var": _num(d.get("rb_mc_var")),
         "kl_n_prompts": _num(d.get("n_prompts")),
         "kl_n_samples": _num(d.get("n_samples")),
     }

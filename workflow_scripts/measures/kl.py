@@ -64,6 +64,19 @@ from workflow_scripts.models.generation import (
 )
 
 
+@dataclass(frozen=True)
+class PairScores:
+    """Teacher-forced scores of completions under a policy and a reference, float64 per pair.
+
+    ``token_kl``: the sum over the completion's positions t of the full next-token KL
+    KL(policy(.|x, y<t) || reference(.|x, y<t)), the Rao-Blackwellized estimator (``rb``) of the
+    module docstring."""
+
+    logp_policy: torch.Tensor
+    logp_ref: torch.Tensor
+    token_kl: torch.Tensor
+
+
 @torch.inference_mode()
 def sequence_logprobs(
     model,
@@ -79,54 +92,94 @@ def sequence_logprobs(
 
     Left padding with explicit position ids; an empty completion scores 0 (log 1). ``share_prefill``:
     pairs with the same prompt (a prompt's samples) run the prompt once and its KV cache is copied to
-    them, so a sample costs its completion tokens only (``_shared_prefill_logprobs``); False = every pair
+    them, so a sample costs its completion tokens only (``_shared_prefill_logits``); False = every pair
     one full forward pass. The two agree to float rounding (the products have other shapes).
     """
-    model.eval()
-    device = next(model.parameters()).device
-    out = torch.zeros(len(prompts), dtype=torch.float64)
-    budget = memory_budget_bytes(device, memory_budget_gb)
+    logps, _ = _score([model], prompts, completions, pad_id, batch_size, memory_budget_gb, share_prefill)
+    return logps[0]
+
+
+@torch.inference_mode()
+def pair_scores(
+    policy,
+    reference,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    batch_size: int = 64,
+    *,
+    memory_budget_gb: float | None = None,
+    share_prefill: bool = True,
+) -> PairScores:
+    """``sequence_logprobs`` under both models on the same batches, and the per-position full KL
+    between their next-token distributions summed over each completion (both in float64)."""
+    logps, token_kl = _score([policy, reference], prompts, completions, pad_id, batch_size,
+                             memory_budget_gb, share_prefill)  # fmt: skip
+    return PairScores(logps[0], logps[1], token_kl)
+
+
+def _score(models, prompts, completions, pad_id, batch_size, memory_budget_gb, share_prefill):
+    """(per-model sequence log-probs, token KL of models[0] against models[1] or None), each pair scored
+    in batches that every model runs (one memory bound for all of their logits)."""
+    for model in models:
+        model.eval()
+    device = next(models[0].parameters()).device
+    budget = memory_budget_bytes(device, memory_budget_gb) // len(models)
+    logps = [torch.zeros(len(prompts), dtype=torch.float64) for _ in models]
+    token_kl = torch.zeros(len(prompts), dtype=torch.float64) if len(models) == 2 else None
     repeated = len({tuple(p) for p in prompts}) < len(prompts)
-    if share_prefill and repeated and min(map(len, prompts), default=0):
-        return _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, budget)
+    shared = share_prefill and repeated and min(map(len, prompts), default=0) > 0
+    batches = _shared_prefill_logits if shared else _one_pass_logits
+    for rows, per_model, targets, in_completion in batches(models, prompts, completions, pad_id, batch_size,
+                                                           budget):  # fmt: skip
+        index = torch.tensor(rows)
+        logsm = [torch.log_softmax(logits.double(), dim=-1) for logits in per_model]
+        for out, lsm in zip(logps, logsm, strict=True):
+            out[index] = (lsm.gather(-1, targets[..., None]).squeeze(-1) * in_completion).sum(-1).cpu()
+        if token_kl is not None:
+            per_position = (logsm[0].exp() * (logsm[0] - logsm[1])).sum(-1)
+            token_kl[index] = (per_position * in_completion).sum(-1).cpu()
+    return logps, token_kl
+
+
+def _one_pass_logits(models, prompts, completions, pad_id, batch_size, budget):
+    """Batches of whole (prompt + completion) sequences, longest first: (pair rows, each model's logits
+    of the completion positions, targets, mask), completions right-aligned."""
+    device = next(models[0].parameters()).device
     order = sorted(range(len(prompts)), key=lambda j: -(len(prompts[j]) + len(completions[j])))
     order = [j for j in order if completions[j]]
-    keep_logits = supports_logits_to_keep(model)
+    keep = [supports_logits_to_keep(model) for model in models]
     start = 0
     while start < len(order):
         head = order[start]
         width = len(prompts[head]) + len(completions[head])
         scored = max(len(completions[j]) for j in order[start : start + batch_size])
-        size = bounded_batch_size(batch_size, scoring_bytes_per_sequence(model, width, scored), budget)
+        size = bounded_batch_size(batch_size, scoring_bytes_per_sequence(models[0], width, scored), budget)
         chunk = order[start : start + size]
         start += size
         scored = max(len(completions[j]) for j in chunk)
-        seqs = [list(prompts[j]) + list(completions[j]) for j in chunk]
-        ids, mask = left_padded(seqs, width, pad_id, device)
+        ids, mask = left_padded([list(prompts[j]) + list(completions[j]) for j in chunk], width, pad_id, device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        kwargs = {"logits_to_keep": scored + 1} if keep_logits else {}
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, **kwargs).logits
-        # Positions width-scored-1 .. width-2 predict the last `scored` tokens (right-aligned completions).
-        logits = logits[:, -(scored + 1) : -1]
-        targets = ids[:, -scored:]
-        logp = torch.log_softmax(logits.double(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+        per_model = []
+        for model, keep_logits in zip(models, keep, strict=True):
+            kwargs = {"logits_to_keep": scored + 1} if keep_logits else {}
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, **kwargs).logits
+            # Positions width-scored-1 .. width-2 predict the last `scored` tokens.
+            per_model.append(logits[:, -(scored + 1) : -1])
         lengths = torch.tensor([len(completions[j]) for j in chunk], device=device)
         in_completion = torch.arange(scored, device=device)[None, :] >= (scored - lengths)[:, None]
-        sums = (logp * in_completion).sum(-1).cpu()
-        out[torch.tensor(chunk)] = sums
-    return out
+        yield chunk, per_model, ids[:, -scored:], in_completion
 
 
-def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, budget) -> torch.Tensor:
-    """``sequence_logprobs`` for pairs that share prompts: each distinct prompt is run once (left
+def _shared_prefill_logits(models, prompts, completions, pad_id, batch_size, budget):
+    """``_one_pass_logits`` for pairs that share prompts: each distinct prompt is run once (left
     padded, KV cache kept, the logits of its last position score the first completion token), its cache
     is copied to its pairs (``DynamicCache.batch_select_indices``) and the completions, right padded,
     run on top of it. A batch holds whole prompts, up to ``batch_size`` pairs within the memory bound."""
     from transformers import DynamicCache
 
-    device = next(model.parameters()).device
-    out = torch.zeros(len(prompts), dtype=torch.float64)
-    keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    device = next(models[0].parameters()).device
+    keep = [{"logits_to_keep": 1} if supports_logits_to_keep(model) else {} for model in models]
     pairs_of: dict[tuple[int, ...], list[int]] = {}
     for j, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         if c:
@@ -136,7 +189,7 @@ def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, bu
     while start < len(keys):
         width = len(keys[start])
         scored = max(len(completions[j]) for k in keys[start : start + batch_size] for j in pairs_of[k])
-        per_pair = scoring_bytes_per_sequence(model, width + scored, scored)
+        per_pair = scoring_bytes_per_sequence(models[0], width + scored, scored)
         bound = bounded_batch_size(batch_size, per_pair, budget)
         chunk, rows = [keys[start]], len(pairs_of[keys[start]])
         while start + len(chunk) < len(keys) and rows + len(pairs_of[keys[start + len(chunk)]]) <= bound:
@@ -144,12 +197,8 @@ def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, bu
             chunk.append(keys[start + len(chunk)])
         start += len(chunk)
         ids, mask = left_padded([list(key) for key in chunk], width, pad_id, device)
-        cache = DynamicCache(config=model.config)
-        first = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                      past_key_values=cache, use_cache=True, **keep_logits).logits[:, -1]  # fmt: skip
         pair_rows = [j for key in chunk for j in pairs_of[key]]
-        prompt_row = [row for row, key in enumerate(chunk) for _ in pairs_of[key]]
-        prompt_row = torch.tensor(prompt_row, device=device)
+        prompt_row = torch.tensor([row for row, key in enumerate(chunk) for _ in pairs_of[key]], device=device)
         longest = max(len(completions[j]) for j in pair_rows)
         targets = torch.full((len(pair_rows), longest), pad_id, dtype=torch.long)
         for row, j in enumerate(pair_rows):
@@ -157,17 +206,21 @@ def _shared_prefill_logprobs(model, prompts, completions, pad_id, batch_size, bu
         targets = targets.to(device)
         lengths = torch.tensor([len(completions[j]) for j in pair_rows], device=device)
         in_completion = torch.arange(longest, device=device)[None, :] < lengths[:, None]
-        logits = first[prompt_row][:, None]
-        if longest > 1:  # completion token t (t >= 1) is scored by the logits after token t - 1
-            cache.batch_select_indices(prompt_row)
-            full_mask = torch.cat([mask[prompt_row], in_completion[:, :-1].long()], dim=1)
-            positions = mask.sum(-1)[prompt_row][:, None] + torch.arange(longest - 1, device=device)[None, :]
-            rest = model(input_ids=targets[:, :-1], attention_mask=full_mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True).logits  # fmt: skip
-            logits = torch.cat([logits, rest], dim=1)
-        logp = torch.log_softmax(logits.double(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-        out[torch.tensor(pair_rows)] = (logp * in_completion).sum(-1).cpu()
-    return out
+        full_mask = torch.cat([mask[prompt_row], in_completion[:, :-1].long()], dim=1)
+        positions = mask.sum(-1)[prompt_row][:, None] + torch.arange(longest - 1, device=device)[None, :]
+        per_model = []
+        for model, keep_logits in zip(models, keep, strict=True):
+            cache = DynamicCache(config=model.config)
+            first = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                          past_key_values=cache, use_cache=True, **keep_logits).logits[:, -1]  # fmt: skip
+            logits = first[prompt_row][:, None]
+            if longest > 1:  # completion token t (t >= 1) is scored by the logits after token t - 1
+                cache.batch_select_indices(prompt_row)
+                rest = model(input_ids=targets[:, :-1], attention_mask=full_mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True).logits  # fmt: skip
+                logits = torch.cat([logits, rest], dim=1)
+            per_model.append(logits)
+        yield pair_rows, per_model, targets, in_completion
 
 
 @dataclass(frozen=True)
@@ -187,6 +240,10 @@ class KLEstimate:
     per_sequence_k1: list[float] = field(default_factory=list, repr=False)
     k1_mc_var: float | None = None  # Monte-Carlo variance of k1_mean given the prompts; None: 1 sample
     k3_mc_var: float | None = None
+    rb_mean: float | None = None  # the Rao-Blackwellized estimator; None: scored without the full KL
+    rb_se: float | None = None
+    rb_mc_var: float | None = None
+    per_prompt_rb: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         out = self.__dict__.copy()
@@ -195,42 +252,37 @@ class KLEstimate:
 
 
 def kl_from_logprobs(
-    logp_policy: torch.Tensor, logp_ref: torch.Tensor, prompt_index: list[int]
+    logp_policy: torch.Tensor,
+    logp_ref: torch.Tensor,
+    prompt_index: list[int],
+    token_kl: torch.Tensor | None = None,
 ) -> KLEstimate:
-    """k1/k3 per sequence -> per-prompt means -> mean and SE across prompts (prompts in index order),
-    and the Monte-Carlo variance of each mean given the prompts (None if a prompt has < 2 samples)."""
+    """k1/k3 (and rb, given ``token_kl``) per sequence -> per-prompt means -> mean and SE across prompts
+    (prompts in index order), and the Monte-Carlo variance of each mean given the prompts (None if a
+    prompt has < 2 samples)."""
     log_r = (logp_ref - logp_policy).double()
-    k1 = -log_r
-    k3 = torch.expm1(log_r) - log_r
+    per_sequence = {"k1": -log_r, "k3": torch.expm1(log_r) - log_r}
+    if token_kl is not None:
+        per_sequence["rb"] = token_kl.double()
     index = torch.tensor(prompt_index)
     prompts = torch.unique(index)
-    per_k1 = torch.stack([k1[index == p].mean() for p in prompts])
-    per_k3 = torch.stack([k3[index == p].mean() for p in prompts])
+    groups = {name: [x[index == p] for p in prompts] for name, x in per_sequence.items()}
 
-    def mean_se(x: torch.Tensor) -> tuple[float, float]:
-        se = float(x.std(unbiased=True) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
-        return float(x.mean()), se
+    def summary(name: str) -> dict:
+        per_prompt = torch.stack([g.mean() for g in groups[name]])
+        n = len(per_prompt)
+        se = float(per_prompt.std(unbiased=True) / math.sqrt(n)) if n > 1 else float("nan")
+        few = not groups[name] or min(len(g) for g in groups[name]) < 2
+        mc = None if few else float(sum(g.var(unbiased=True) / len(g) for g in groups[name]) / n**2)
+        return {f"{name}_mean": float(per_prompt.mean()), f"{name}_se": se, f"{name}_mc_var": mc,
+                f"per_prompt_{name}": per_prompt.tolist()}  # fmt: skip
 
-    def mc_var(x: torch.Tensor) -> float | None:
-        groups = [x[index == p] for p in prompts]
-        if not groups or min(len(g) for g in groups) < 2:
-            return None
-        return float(sum(g.var(unbiased=True) / len(g) for g in groups) / len(groups) ** 2)
-
-    (m1, s1), (m3, s3) = mean_se(per_k1), mean_se(per_k3)
-    n_samples = len(prompt_index) // max(1, len(prompts))
+    fields = {key: value for name in per_sequence for key, value in summary(name).items()}
     return KLEstimate(
-        m1,
-        s1,
-        m3,
-        s3,
-        len(prompts),
-        n_samples,
-        per_k1.tolist(),
-        per_k3.tolist(),
-        per_sequence_k1=k1.tolist(),
-        k1_mc_var=mc_var(k1),
-        k3_mc_var=mc_var(k3),
+        n_prompts=len(prompts),
+        n_samples=len(prompt_index) // max(1, len(prompts)),
+        per_sequence_k1=per_sequence["k1"].tolist(),
+        **fields,
     )
 
 
@@ -268,10 +320,10 @@ def estimate_kl(
     c_list = [list(c.token_ids) + ([] if c.stop_token_id is None else [c.stop_token_id]) for c in completions]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     budget = {"memory_budget_gb": memory_budget_gb}
-    logp_policy = sequence_logprobs(policy, p_list, c_list, pad, batch_size, **budget)
-    logp_ref = sequence_logprobs(reference, p_list, c_list, pad, batch_size, **budget)
+    scores = pair_scores(policy, reference, p_list, c_list, pad, batch_size, **budget)
     t2 = time.perf_counter()
-    est = kl_from_logprobs(logp_policy, logp_ref, [c.prompt_index for c in completions])
+    est = kl_from_logprobs(scores.logp_policy, scores.logp_ref, [c.prompt_index for c in completions],
+                           scores.token_kl)  # fmt: skip
     n = max(1, len(completions))
     return dataclasses.replace(
         est,

@@ -100,7 +100,7 @@ def _forest_panel(
 
 
 def plot_variance_ratios(data: FigureData) -> Figure:
-    """Forest plot of Var(arm)/Var(reference) across seeds, dJ and KL k3 (log x; see the module docstring)."""
+    """Forest plot of Var(arm)/Var(reference) across seeds, dJ and KL (log x; see the module docstring)."""
     stats = data.stats
     cfg = stats.get("config") or {}
     ref = stats.get("reference") or (data.arms()[0] if data.arms() else "reference")
@@ -114,7 +114,7 @@ def plot_variance_ratios(data: FigureData) -> Figure:
     size = (11, max(3.0, 0.45 * len(labels) + 2.0))
     fig, axes = plt.subplots(1, 2, figsize=size, sharey=True, layout="constrained")
     arm = others[0] if len(others) == 1 else "arm"
-    for ax, (block, name) in zip(axes, (("dJ_var", "dJ"), ("kl_var", "KL k3")), strict=True):
+    for ax, (block, name) in zip(axes, (("dJ_var", "dJ"), ("kl_var", f"KL {stats.get('kl_estimator') or 'k3'}")), strict=True):
         rows = _forest_rows(stats, block)
         ax.set_title(f"Var[{name}] across seeds: {arm} / {ref}")
         if not labels:
@@ -146,7 +146,7 @@ def plot_variance_ratios(data: FigureData) -> Figure:
 def plot_variance_components(data: FigureData) -> Figure:
     """Whole seed variance per arm and role with its profile CI (log x), its shared part as a triangle and
     its seed x task part as a cross, and the whole ratio arm / reference with its CI, for dJ (top row)
-    and KL k3 (bottom row)."""
+    and KL (bottom row)."""
     stats = data.stats
     model = stats.get("mixed_model") or {}
     cfg = stats.get("config") or {}
@@ -166,7 +166,7 @@ def plot_variance_components(data: FigureData) -> Figure:
         gridspec_kw={"width_ratios": [3, 2]},
     )
     palette = data.palette()
-    for row, (quantity, name) in enumerate((("dJ", "dJ"), ("kl", "KL k3"))):
+    for row, (quantity, name) in enumerate((("dJ", "dJ"), ("kl", f"KL {stats.get('kl_estimator') or 'k3'}"))):
         ax, axr = axes[row]
         ax.set_title(f"whole seed variance of {name} (95% profile CI)", fontsize=10)
         axr.set_title(f"ratio arm / {stats.get('reference') or 'reference'} ({name})", fontsize=10)

@@ -81,6 +81,11 @@ def _part_ratio(comp: Mapping, part: str) -> str:
     return f"{fmt(block.get('ratio'))} {ci(block.get('ratio_ci'))}"
 
 
+def kl_name(stats: Mapping) -> str:
+    """How tables name the KL the analysis read (stats.json ``kl_estimator``; older files: k3)."""
+    return f"KL {stats.get('kl_estimator') or 'k3'}"
+
+
 def components_section(stats: Mapping) -> str:
     """Whole seed variance per arm and role (mixed model) and its two parts with CIs, and the ratios."""
     model = stats.get("mixed_model") or {}
@@ -89,7 +94,7 @@ def components_section(stats: Mapping) -> str:
     rows, ratios = [], []
     for role, per_q in model.items():
         for q, block in (per_q or {}).items():
-            name = "dJ" if q == "dJ" else "KL k3"
+            name = "dJ" if q == "dJ" else kl_name(stats)
             for arm, fit in (block.get("arms") or {}).items():
                 if fit.get("status") != "ok":
                     rows.append([role, name, arm, f"failed: {fit.get('reason')}", "", "", "", "", ""])
@@ -176,7 +181,7 @@ def noise_share_section(stats: Mapping) -> str:
     rows = [
         [
             role,
-            "dJ" if q == "dJ" else "KL k3",
+            "dJ" if q == "dJ" else kl_name(stats),
             arm,
             fmt(b.get("share"), 2),
             fmt(b.get("noise_var")),
@@ -218,7 +223,7 @@ def _scope_rows(scope: Mapping, label: str, metrics: pd.DataFrame, tasks: Sequen
     ref = scope.get("reference")
     for arm, block in (scope.get("arms") or {}).items():
         dj = block.get("dJ") or {}
-        kl = block.get("kl_k3") or {}
+        kl = block.get("kl") or block.get("kl_k3") or {}
         comp = (scope.get("comparisons") or {}).get(arm) or {}
         is_ref = arm == ref
         sel = (
@@ -257,7 +262,7 @@ KEY_HEADER = [
     "Var ratio [seed-bootstrap CI]",
     "BF p",
     "TOST p",
-    "mean KL k3",
+    "mean KL",
 ]
 
 

@@ -106,7 +106,7 @@ def classical_scope(
         seeds, y, v = mats[a]["dJ"]
         block = {"n_seeds": len(seeds), "seeds": seeds.tolist(), "dJ": describe_arm(y, v, alpha)}
         if has_kl:
-            block["kl_k3"] = describe_arm(*mats[a]["kl"][1:], alpha)
+            block["kl"] = describe_arm(*mats[a]["kl"][1:], alpha)
         arm_blocks[a] = block
     comparisons = {}
     for i, a in enumerate(arms[1:], 1):
@@ -117,7 +117,7 @@ def classical_scope(
         }
         for q in QUANTITIES:
             if q == "kl" and not has_kl:
-                comp["kl_mean"] = comp["kl_var"] = skip("KL (kl_k3) missing for some runs or tasks")
+                comp["kl_mean"] = comp["kl_var"] = skip("KL missing for some runs or tasks")
                 continue
             (sx, x, nx), (sy, y, ny) = mats[a][q], mats[arms[0]][q]
             pairs = paired(x, sx, y, sy)
@@ -224,7 +224,7 @@ def noise_share_block(by_type: Mapping, arms: Sequence[str], controls: Mapping[s
     by_role: dict[str, dict] = {}
     for role, scope in by_type.items():
         by_role[role] = {}
-        for q, key in (("dJ", "dJ"), ("kl", "kl_k3")):
+        for q, key in (("dJ", "dJ"), ("kl", "kl")):
             blocks = {a: (scope["arms"].get(a) or {}).get(key) for a in arms}
             by_role[role][q] = {
                 a: {"share": b["noise_share"], "noise_var": b["noise_var"], "observed_var": b["pooled_var"]}

@@ -13,12 +13,12 @@ reads (the aggregate step's metrics.parquet, base rows included): for run (arm, 
     eval_noise_var = J (1 - J) / (n_problems * n_samples)
 
 so the eval noise enters dJ exactly as in the experiment (the problems are i.i.d. here, so the
-binomial variance is the exact sampling variance). KL k3 per run x task is kl_mean + a seed shift with
+binomial variance is the exact sampling variance). KL (rb) per run x task is kl_mean + a seed shift with
 variance ``kl_seed_var[arm, role]`` + a seed x task effect with variance ``kl_task_var[arm, role]`` +
 its eval noise, as in the experiment (``kl``): every run's KL of a task is measured on the same prompts,
 so the task's prompt-set deviation (variance ``KL_PROMPT_SD**2``, drawn once per task like J_base) is
-shared by every run, and only the Monte-Carlo part (``KL_MC_SD**2``, the column ``kl_k3_mc_var``)
-differs between runs. ``kl_k3_se`` is the prompt-level SE, which covers both
+shared by every run, and only the Monte-Carlo part (``KL_MC_SD**2``, the column ``kl_rb_mc_var``)
+differs between runs. ``kl_rb_se`` is the prompt-level SE, which covers both
 (sqrt(KL_MC_SD**2 + KL_PROMPT_SD**2)).
 
 ``STRUCTURES`` name where a larger seed variance sits (the calibration's alternatives): the whole seed
@@ -124,7 +124,7 @@ def simulate_table(
     # drawn last so that every other draw is what it was before the offsets existed
     prompt_dev = dict(zip(tasks, rng.normal(0, KL_PROMPT_SD, len(tasks)), strict=True))
     runs = table["run"] != "base"  # base vs itself: exactly 0
-    table.loc[runs, "kl_k3"] += table.loc[runs, "task"].map(prompt_dev)
+    table.loc[runs, "kl_rb"] += table.loc[runs, "task"].map(prompt_dev)
     return table
 
 
@@ -153,8 +153,8 @@ def _row(
         "eval_noise_var": j * (1 - j) / (n_problems * n_samples),
         "n_problems": n_problems,
         "n_samples": n_samples,
-        "kl_k3": kl,
-        "kl_k3_se": kl_se,
-        "kl_k3_mc_var": kl_mc_var,
+        "kl_rb": kl,
+        "kl_rb_se": kl_se,
+        "kl_rb_mc_var": kl_mc_var,
         "diverged": False,
     }

@@ -26,7 +26,7 @@ whole seed variances calibrated by a parametric bootstrap.
   (few seeds). Contradicted: the (1-alpha) CI's upper bound is below r0 (no bootstrap calibrates this
   side, so it keeps the two-sided interval: about alpha/2 nominal, at most alpha measured). Else
   inconclusive (with power at r0, seeds needed for it, and MDE).
-- H3 (KL k3): the H2 rule on the off-task KL; the on-task KL ratio is reported beside it (the
+- H3 (KL, ``analysis.kl_estimator``): the H2 rule on the off-task KL; the on-task KL ratio is reported beside it (the
   hypothesis says on-task KL stays leashed).
 
 If the model fit failed for a comparison, the verdict falls back to the classical tests on the same
@@ -227,7 +227,7 @@ RULES = {
     "ratio (per task across seeds, shared + seed x task, eval noise held out) is above 1 and the "
     "bootstrap-calibrated one-sided test rejects at alpha; contradicted iff the (1-alpha) CI is below r0; "
     "else inconclusive",
-    "H3": "off-task KL k3: the H2 rule; the on-task KL ratio is reported beside it",
+    "H3": "off-task KL: the H2 rule; the on-task KL ratio is reported beside it",
 }
 
 
