@@ -450,7 +450,8 @@ def test_evaluate_writes_samples_summary_and_kl_in_the_saved_dtype(tiny, tmp_pat
         "bfloat16",
         "base-bfloat16",
     )
-    assert kl["k1_mean"] == kl["k3_mean"] == kl["rb_mean"] == 0.0  # an untrained bf16 run is its arm's start exactly
+    # an untrained bf16 run is its arm's start exactly
+    assert kl["k1_mean"] == kl["k3_mean"] == kl["rb_mean"] == 0.0
     again = _evaluate(base_dir, base_dir, data, tmp_path / "again", "base")
     assert again["correct_counts"] == base["correct_counts"]
     assert pd.read_parquet(tmp_path / "again/base/t.samples.parquet").equals(

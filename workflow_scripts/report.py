@@ -39,10 +39,10 @@ from workflow_scripts.statistics.report_tables import (
     data_warnings,
     fmt,
     get,
+    kl_name,
     noise_share_section,
     numbers_section,
     overlap_section,
-    kl_name,
     ratio_with_ci,
     sampler_gap_section,
     table,
@@ -127,8 +127,8 @@ def noise_warnings(stats: Mapping) -> list[str]:
         arms = ", ".join(f"{a} {fmt(v, 2)}" for a, v in shares.items())
         out.append(
             f"**Warning: {h} ({verdict}) rests on an eval-noise share above {fmt(ns.get('warn_above'))}** "
-            f"({role} {kl_name(stats) if q == 'kl' else q}: {arms}): most of the across-seed spread it compares is "
-            "measurement noise; more problems or samples per task would shrink it."
+            f"({role} {kl_name(stats) if q == 'kl' else q}: {arms}): most of the across-seed spread it "
+            "compares is measurement noise; more problems or samples per task would shrink it."
         )
     return out
 

@@ -181,7 +181,8 @@ def analyze(
     cfg = {**analysis_defaults(), **dict(cfg or {})}
     warn: list[str] = []
     estimator = str(cfg["kl_estimator"])
-    rows, base, excluded, noise_source = _prepare(nf.without_repeats(metrics), warn, estimator)  # repeats: noise_floor
+    # repeats are left out of the seed-variance analysis: noise_floor reads them
+    rows, base, excluded, noise_source = _prepare(nf.without_repeats(metrics), warn, estimator)
     kl_column = f"kl_{estimator}"
     floor_input = metrics.assign(kl=metrics[kl_column]) if kl_column in metrics.columns else metrics
     arms = _arm_order(rows, precisions, warn)

@@ -125,7 +125,8 @@ def test_base_against_its_own_cast_is_exactly_zero_kl_and_a_cast_alone_is_not(tm
 
     cast = kl_of("base-bfloat16", dirs["base"], policy_dtype="bfloat16", reference_dtype="bfloat16")
     assert (cast["policy_dtype"], cast["reference_dtype"]) == ("bfloat16", "bfloat16")
-    assert cast["k1_mean"] == cast["k3_mean"] == cast["rb_mean"] == 0.0 and set(cast["per_prompt_k3"]) == {0.0}
+    assert cast["k1_mean"] == cast["k3_mean"] == cast["rb_mean"] == 0.0
+    assert set(cast["per_prompt_k3"]) == set(cast["per_prompt_rb"]) == {0.0}
     # A bf16 run that has not moved yet (the saved bf16 copy of the base) vs its arm's start: exactly 0 ...
     start = kl_of("bf16-s1", dirs["base_bf16"], reference_run="base-bfloat16", reference_dtype="bfloat16")
     assert start["k1_mean"] == 0.0 and start["k3_mean"] == 0.0

@@ -158,7 +158,8 @@ def _one_pass_logits(models, prompts, completions, pad_id, batch_size, budget):
         chunk = order[start : start + size]
         start += size
         scored = max(len(completions[j]) for j in chunk)
-        ids, mask = left_padded([list(prompts[j]) + list(completions[j]) for j in chunk], width, pad_id, device)
+        seqs = [list(prompts[j]) + list(completions[j]) for j in chunk]
+        ids, mask = left_padded(seqs, width, pad_id, device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         per_model = []
         for model, keep_logits in zip(models, keep, strict=True):
@@ -198,7 +199,8 @@ def _shared_prefill_logits(models, prompts, completions, pad_id, batch_size, bud
         start += len(chunk)
         ids, mask = left_padded([list(key) for key in chunk], width, pad_id, device)
         pair_rows = [j for key in chunk for j in pairs_of[key]]
-        prompt_row = torch.tensor([row for row, key in enumerate(chunk) for _ in pairs_of[key]], device=device)
+        prompt_row = [row for row, key in enumerate(chunk) for _ in pairs_of[key]]
+        prompt_row = torch.tensor(prompt_row, device=device)
         longest = max(len(completions[j]) for j in pair_rows)
         targets = torch.full((len(pair_rows), longest), pad_id, dtype=torch.long)
         for row, j in enumerate(pair_rows):

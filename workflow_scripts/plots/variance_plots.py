@@ -114,7 +114,8 @@ def plot_variance_ratios(data: FigureData) -> Figure:
     size = (11, max(3.0, 0.45 * len(labels) + 2.0))
     fig, axes = plt.subplots(1, 2, figsize=size, sharey=True, layout="constrained")
     arm = others[0] if len(others) == 1 else "arm"
-    for ax, (block, name) in zip(axes, (("dJ_var", "dJ"), ("kl_var", f"KL {stats.get('kl_estimator') or 'k3'}")), strict=True):
+    kl = f"KL {stats.get('kl_estimator') or 'k3'}"
+    for ax, (block, name) in zip(axes, (("dJ_var", "dJ"), ("kl_var", kl)), strict=True):
         rows = _forest_rows(stats, block)
         ax.set_title(f"Var[{name}] across seeds: {arm} / {ref}")
         if not labels:

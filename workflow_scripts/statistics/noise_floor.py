@@ -7,7 +7,8 @@ numerical variance that a seed variance should be read against. On CPU with dete
 repeats are bit-identical and the floor is exactly 0.
 
 ``without_repeats`` is what the seed-variance analysis (``stats.analyze``) sees: each (arm, seed) once,
-its first run. ``noise_floor`` summarises every (arm, seed) that has repeats, for dJ and KL (the estimator the analysis reads):
+its first run. ``noise_floor`` summarises every (arm, seed) that has repeats, for dJ and KL (the
+estimator the analysis reads):
 
 - ``pairs[<arm>-s<seed>]``: runs, n, per task the variance between the repeats (ddof 1) and the largest
   absolute difference, and ``identical`` (every repeat gave exactly the same value for every task);
@@ -16,7 +17,8 @@ its first run. ``noise_floor`` summarises every (arm, seed) that has repeats, fo
   variance), with the pooled degrees of freedom.
 
 Pure (pandas only); the input is aggregate's metrics table (columns run, precision, seed, repeat, task,
-role, dJ and optionally kl, the KL estimator the analysis reads). Tables without a ``repeat`` column (older results) have no repeats.
+role, dJ and optionally kl, the KL estimator the analysis reads). Tables without a ``repeat`` column
+(older results) have no repeats.
 """
 
 from __future__ import annotations

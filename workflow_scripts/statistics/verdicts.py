@@ -26,8 +26,8 @@ whole seed variances calibrated by a parametric bootstrap.
   (few seeds). Contradicted: the (1-alpha) CI's upper bound is below r0 (no bootstrap calibrates this
   side, so it keeps the two-sided interval: about alpha/2 nominal, at most alpha measured). Else
   inconclusive (with power at r0, seeds needed for it, and MDE).
-- H3 (KL, ``analysis.kl_estimator``): the H2 rule on the off-task KL; the on-task KL ratio is reported beside it (the
-  hypothesis says on-task KL stays leashed).
+- H3 (KL, ``analysis.kl_estimator``): the H2 rule on the off-task KL; the on-task KL ratio is reported
+  beside it (the hypothesis says on-task KL stays leashed).
 
 If the model fit failed for a comparison, the verdict falls back to the classical tests on the same
 unit (the per-task variance across seeds pooled over the role's tasks: BF on each seed's mean absolute

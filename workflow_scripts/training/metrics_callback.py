@@ -114,6 +114,8 @@ class MetricsLogger(TrainerCallback):
             "kl_k1_se": estimate.k1_se,
             "kl_k3": estimate.k3_mean,
             "kl_k3_se": estimate.k3_se,
+            "kl_rb": estimate.rb_mean,
+            "kl_rb_se": estimate.rb_se,
         }
 
     def row(self, logs: dict, step: int, model, optimizer=None) -> dict:

@@ -88,7 +88,7 @@ ROLLOUT_KEYS = (  # computed only when TRL generates: carried forward on the oth
     *VLLM_KEYS,
 )
 SCALER_KEYS = ("loss_scale", "step_skipped")  # per step, from the optimizer's GradScaler (fp16); else null
-KL_KEYS = ("kl_k1", "kl_k1_se", "kl_k3", "kl_k3_se")
+KL_KEYS = ("kl_k1", "kl_k1_se", "kl_k3", "kl_k3_se", "kl_rb", "kl_rb_se")
 OVERLONG_NAME = "soft_overlong_punishment_reward"
 
 
