@@ -8,7 +8,7 @@ overrides: the warm-start mix, task sizes), trains one arm for each of its ``see
 reports dJ on every task against that base. A row with several seeds is evaluated by the workflow's own
 evaluate stage (``evaluate.run``, with ``eval`` overrides): per task the mean dJ and its SE across seeds,
 the across-seed variance of dJ against the mean eval-noise variance of a run (``noise_share`` = their
-ratio: the part of the seed variance that is evaluation noise) and the same for KL k3 (noise = its
+ratio: the part of the seed variance that is evaluation noise) and the same for KL (noise = its
 SE^2). ``base_only: true`` rows build and score the base alone (the warm start's own search).
 
     .venv/bin/python bench/sweep_miniature.py bench/sweep_miniature.yaml --work /tmp/sweep [--only NAME]
@@ -136,19 +136,26 @@ def evaluate_run(config: dict, data_dir: Path, base_dir: Path, model_dir: Path, 
     return results
 
 
+def kl_estimator(config: dict) -> str:
+    """The KL estimator the analysis reads (``analysis.kl_estimator``; the schema's default rb)."""
+    return (config.get("analysis") or {}).get("kl_estimator", "rb")
+
+
 def seed_statistics(per_seed: list[dict], config: dict) -> dict:
     """Per task: mean dJ, its SE across seeds, across-seed variance vs mean eval-noise variance, and
-    the same for KL k3 (its noise: the Monte-Carlo variance given the fixed prompts, ``k3_mc_var``, as the
-    analysis holds out; the squared prompt-level SE where a record predates it)."""
+    the same for the analysis's KL estimator (its noise: the Monte-Carlo variance given the fixed
+    prompts, ``<est>_mc_var``, as the analysis holds out; the squared prompt-level SE where a record
+    predates it)."""
+    est = kl_estimator(config)
     out = {}
     for task, task_cfg in config["data"]["tasks"].items():
         dj = np.array([r[task]["summary"]["dJ"] for r in per_seed])
         noise = np.array([r[task]["summary"]["eval_noise_var"] for r in per_seed])
-        k3 = np.array([r[task]["kl"]["k3_mean"] for r in per_seed])
-        k3_noise = np.array([mc if (mc := r[task]["kl"].get("k3_mc_var")) is not None
-                             else (r[task]["kl"]["k3_se"] or 0.0) ** 2 for r in per_seed])  # fmt: skip
+        kl = np.array([r[task]["kl"][f"{est}_mean"] for r in per_seed])
+        kl_noise = np.array([mc if (mc := r[task]["kl"].get(f"{est}_mc_var")) is not None
+                             else (r[task]["kl"][f"{est}_se"] or 0.0) ** 2 for r in per_seed])  # fmt: skip
         var = float(dj.var(ddof=1)) if len(dj) > 1 else None
-        kvar = float(k3.var(ddof=1)) if len(k3) > 1 else None
+        kvar = float(kl.var(ddof=1)) if len(kl) > 1 else None
         out[task] = {
             "role": task_cfg["role"],
             "dJ_mean": float(dj.mean()),
@@ -156,10 +163,10 @@ def seed_statistics(per_seed: list[dict], config: dict) -> dict:
             "dJ_seed_var": var,
             "dJ_noise_var": float(noise.mean()),
             "dJ_noise_share": float(noise.mean() / var) if var else None,
-            "k3_mean": float(k3.mean()),
-            "k3_seed_var": kvar,
-            "k3_noise_var": float(k3_noise.mean()),
-            "k3_noise_share": float(k3_noise.mean() / kvar) if kvar else None,
+            "kl_mean": float(kl.mean()),
+            "kl_seed_var": kvar,
+            "kl_noise_var": float(kl_noise.mean()),
+            "kl_noise_share": float(kl_noise.mean() / kvar) if kvar else None,
         }
     return out
 
@@ -284,8 +291,8 @@ def table(results: list[dict]) -> str:
     if multi:
         lines += [
             "",
-            "| row | task | role | dJ mean ± SE | seed var dJ | noise var dJ | noise share dJ | KL k3 | "
-            "seed var k3 | noise var k3 | noise share k3 |",
+            "| row | task | role | dJ mean ± SE | seed var dJ | noise var dJ | noise share dJ | KL | "
+            "seed var KL | noise var KL | noise share KL |",
             "|" + "---|" * 11,
         ]
         for r in multi:
@@ -296,11 +303,11 @@ def table(results: list[dict]) -> str:
 
 def _stat_cells(v: dict) -> str:
     """A task's seed statistics as table cells: dJ mean ± SE, seed and noise variance, share; KL too."""
-    kshare = v["k3_noise_share"]
+    kshare = v["kl_noise_share"]
     return (
         f"{v['dJ_mean']:+.4f} ± {v['dJ_se']:.4f} | {v['dJ_seed_var']:.2e} | {v['dJ_noise_var']:.2e} | "
-        f"{v['dJ_noise_share']:.2f} | {v['k3_mean']:.3f} | {v['k3_seed_var']:.2e} | "
-        f"{v['k3_noise_var']:.2e} | " + (f"{kshare:.2f}" if kshare is not None else "-")
+        f"{v['dJ_noise_share']:.2f} | {v['kl_mean']:.3f} | {v['kl_seed_var']:.2e} | "
+        f"{v['kl_noise_var']:.2e} | " + (f"{kshare:.2f}" if kshare is not None else "-")
     )
 
 
@@ -310,7 +317,7 @@ def workflow_results(results: Path) -> str:
     config = validate_config(yaml.safe_load((results.parent / "config.yaml").read_text()))
     lines = [
         "| arm | task | role | base J | dJ mean ± SE | seed var dJ | noise var dJ | noise share dJ | "
-        "KL k3 | seed var k3 | noise var k3 | noise share k3 |",
+        f"KL {kl_estimator(config)} | seed var KL | noise var KL | noise share KL |",
         "|" + "---|" * 12,
     ]
     for precision in config["precisions"]:

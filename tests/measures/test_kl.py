@@ -12,7 +12,7 @@ from scipy import stats as st
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from workflow_scripts.measures.kl import estimate_kl, kl_from_logprobs, sequence_logprobs
+from workflow_scripts.measures.kl import estimate_kl, kl_from_logprobs, pair_scores, sequence_logprobs
 
 torch.set_num_threads(1)
 
@@ -85,7 +85,7 @@ def test_estimate_matches_exact_kl_within_its_standard_error(tok):
     est = estimate_kl(policy, reference, tok, prompts * 200, n_samples=4, max_new_tokens=MAX_NEW, seed=0)
     assert est.n_prompts == 400 and est.n_samples == 4
     assert 0.1 < est.truncated_frac < 0.9 and est.mean_length < MAX_NEW  # both kinds of ending occur
-    for mean, se in ((est.k1_mean, est.k1_se), (est.k3_mean, est.k3_se)):
+    for mean, se in ((est.k1_mean, est.k1_se), (est.k3_mean, est.k3_se), (est.rb_mean, est.rb_se)):
         assert abs(mean - target) < 4 * se, (mean, se, target)
         # The test has power: an estimator off by a factor of 2 (either way) would fail it.
         assert abs(mean - 2 * target) > 4 * se and abs(mean - target / 2) > 4 * se
@@ -95,10 +95,48 @@ def test_base_vs_base_is_exactly_zero(tok):
     policy = _model(0)
     reference = copy.deepcopy(policy)
     est = estimate_kl(policy, reference, tok, ["ab", "ba", "a"], n_samples=5, max_new_tokens=MAX_NEW, seed=3)
-    assert est.k1_mean == 0.0 and est.k3_mean == 0.0
-    assert set(est.per_prompt_k1) == {0.0} and set(est.per_prompt_k3) == {0.0}
+    assert est.k1_mean == 0.0 and est.k3_mean == 0.0 and est.rb_mean == 0.0
+    assert set(est.per_prompt_k1) == set(est.per_prompt_k3) == set(est.per_prompt_rb) == {0.0}
     with pytest.raises(ValueError, match="separate"):
         estimate_kl(policy, policy, tok, ["ab"])
+
+
+def generations(max_new: int) -> list[list[int]]:
+    """Every generation of at most ``max_new`` tokens: ended by the end token, or cut at ``max_new``."""
+    out, frontier = [], [[]]
+    for _ in range(max_new):
+        out += [[*g, EOS] for g in frontier]
+        frontier = [[*g, t] for g in frontier for t in range(len(VOCAB)) if t != EOS]
+    return out + frontier
+
+
+def test_rb_is_the_exact_kl_in_expectation_over_every_generation(tok):
+    """rb(y) = sum over y's positions of the full next-token KL. Weighted by pi(y) over every generation
+    its expectation is the sequence-level KL exactly (the tower rule; no sampling), in both directions
+    of the model pair; leaving out the end token's position or the last cut position would break it."""
+    for policy, reference in ((_model(0), _model(1)), (_model(1), _model(0))):
+        for prompt in ("ab", "b"):
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            completions = generations(MAX_NEW)
+            scores = pair_scores(policy, reference, [ids] * len(completions), completions, pad_id=0)
+            weights = scores.logp_policy.exp()
+            assert weights.sum().item() == pytest.approx(1.0, abs=1e-9)
+            exact, _ = exact_kl(policy, reference, ids, MAX_NEW)
+            assert (weights * scores.token_kl).sum().item() == pytest.approx(exact, rel=1e-6, abs=1e-9)
+            assert (scores.token_kl >= 0).all()  # a sum of KLs: never negative, unlike k1
+            # The same pairs scored one full pass each (share_prefill off) give the same token KL.
+            alone = pair_scores(policy, reference, [ids] * len(completions), completions, pad_id=0,
+                                share_prefill=False, batch_size=7)  # fmt: skip
+            assert alone.token_kl.tolist() == pytest.approx(scores.token_kl.tolist(), abs=1e-5)
+
+
+def test_rb_has_less_monte_carlo_variance_than_k1_and_k3(tok):
+    """Rao-Blackwellization: rb averages k1 over each position's next token, so its Monte-Carlo variance
+    given the prompts is at most k1's; on this pair (KL ~0.6 per sequence) it is below k3's as well."""
+    policy, reference = _model(0), _model(1)
+    est = estimate_kl(policy, reference, tok, ["ab", "ba", "a", "bb"] * 10, n_samples=8,
+                      max_new_tokens=MAX_NEW, seed=4)  # fmt: skip
+    assert est.rb_mc_var < est.k1_mc_var and est.rb_mc_var < est.k3_mc_var, est
 
 
 def test_sequence_logprobs_matches_unbatched_scoring(tok):
@@ -154,12 +192,17 @@ def test_kl_from_logprobs_by_hand():
     # sum_p s2_p / m / P^2 with the unbiased within-prompt variance
     for x, got in ((k1, est.k1_mc_var), (k3, est.k3_mc_var)):
         assert got == pytest.approx((x[:2].var().item() / 2 + x[2:].var().item() / 2) / 4)
+    assert est.rb_mean is None and est.per_prompt_rb == []  # no token KL given: no rb
+    token_kl = torch.tensor([0.2, 0.4, 0.1, 0.3], dtype=torch.float64)
+    est = kl_from_logprobs(logp_policy, logp_ref, [0, 0, 1, 1], token_kl)
+    assert est.per_prompt_rb == pytest.approx([0.3, 0.2]) and est.rb_mean == pytest.approx(0.25)
+    assert est.rb_mc_var == pytest.approx((0.02 / 2 + 0.02 / 2) / 4)
 
 
 def test_one_sample_per_prompt_has_no_monte_carlo_variance(tok):
     policy, reference = _model(0), _model(1)
     est = estimate_kl(policy, reference, tok, ["ab", "ba", "a"], n_samples=1, max_new_tokens=MAX_NEW, seed=0)
-    assert est.n_samples == 1 and est.k1_mc_var is None and est.k3_mc_var is None
+    assert est.n_samples == 1 and est.k1_mc_var is None and est.k3_mc_var is None and est.rb_mc_var is None
     assert math.isfinite(est.k3_se)  # the prompt-level SE is still defined
     est = kl_from_logprobs(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), [0, 0, 1])
     assert est.k3_mc_var is None  # one prompt with a single sample is enough to leave it undefined
@@ -188,7 +231,7 @@ def test_mc_var_is_the_variance_across_resamples_on_fixed_prompts_and_the_se_ove
     ]
     df = CAL_REPLICATES - 1
     lo, hi = st.chi2.ppf([0.0005, 0.9995], df) / df  # replicate variance / true variance, 2-sided 0.001
-    for key in ("k1", "k3"):
+    for key in ("k1", "k3", "rb"):
         means = np.array([getattr(e, f"{key}_mean") for e in ests])
         mc = np.mean([getattr(e, f"{key}_mc_var") for e in ests])
         se2 = np.mean([getattr(e, f"{key}_se") ** 2 for e in ests])

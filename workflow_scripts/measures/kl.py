@@ -8,10 +8,18 @@ from pi_theta), teacher-forced through both models, and log-probabilities summed
 |-----------|---------------------------------------------------------------|------------------------------|
 | k1        | -log r                                                        | unbiased, can be negative    |
 | k3        | exp(log r) - 1 - log r                                        | unbiased, >= 0, lower var.   |
+| rb        | sum over y's positions t of KL(pi_theta(.|x,y<t) || pi_0(.|x,y<t)), | unbiased, >= 0, var <= k1's |
+|           | the full next-token KL (every vocabulary entry)               | (Rao-Blackwellized k1)       |
 
-k3's lower variance holds near pi_0; at the default's ~0.3 nats per sequence a rare completion that
-pi_0 likes far more than pi_theta has a huge k3 (measured: one prompt's mean 31 against a task mean of
-0.35, README "A valid miniature"), so k3's Monte-Carlo variance is itself noisy there.
+rb is k1 with each position's sampled token replaced by its expectation under pi_theta (the tower
+rule makes the sum's expectation the sequence-level KL: the tests check it exactly by enumeration), so
+it needs the whole next-token distribution of both models at each scored position, which the scorer
+has anyway (``pair_scores`` runs both on the same batches). k3's lower variance holds near pi_0; at the
+default's ~0.3 nats per sequence a rare completion that pi_0 likes far more than pi_theta has a huge k3
+(measured: one prompt's mean 31 against a task mean of 0.35), so k3's Monte-Carlo variance is itself
+noisy and heavy-tailed there. On the default's 24 trained models rb's Monte-Carlo variance was 1/36 to
+1/106 of k3's on mul, chain and word (README, "KL: the rb estimator"): the analysis reads rb
+(``analysis.kl_estimator``); k1 and k3 stay in kl.json.
 
 Per-prompt means are averaged over prompts. Two uncertainties are reported, for two questions:
 
@@ -137,7 +145,8 @@ def _score(models, prompts, completions, pad_id, batch_size, memory_budget_gb, s
         for out, lsm in zip(logps, logsm, strict=True):
             out[index] = (lsm.gather(-1, targets[..., None]).squeeze(-1) * in_completion).sum(-1).cpu()
         if token_kl is not None:
-            per_position = (logsm[0].exp() * (logsm[0] - logsm[1])).sum(-1)
+            p = logsm[0].exp()  # a token the policy rules out (p = 0) adds 0, not 0 * inf = NaN
+            per_position = torch.where(p > 0, p * (logsm[0] - logsm[1]), 0.0).sum(-1)
             token_kl[index] = (per_position * in_completion).sum(-1).cpu()
     return logps, token_kl
 
