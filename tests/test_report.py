@@ -155,7 +155,9 @@ def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(d
 
     arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy")
     _, task_var = simulation.structure("task", 9.0, 4e-4, 1e-4, arm="fp32_noisy")
-    table = simulation.simulate_table(np.random.default_rng(61), n_seeds=8, arms=arms, task_var=task_var)
+    kl_seed_var = {("fp32_noisy", "off_task"): 9 * (simulation.KL_SEED_VAR + simulation.KL_TASK_VAR)}
+    table = simulation.simulate_table(np.random.default_rng(61), n_seeds=8, arms=arms, task_var=task_var,
+                                      kl_seed_var=kl_seed_var)  # fmt: skip
     specs = {
         "fp32": {},
         "bf16": {},
@@ -166,9 +168,11 @@ def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(d
     text = report.render(result, table, {}, tmp_path / "report.md", list(arms))
     assert "## Controls" in text
     copy, noisy = result["controls"]["fp32_copy"], result["controls"]["fp32_noisy"]
-    assert f"| fp32_copy | negative | not supported | {copy['outcome']} | **as it must** |" in text
-    assert "| fp32_noisy | positive | supported | supported | **as it must** |" in text
-    assert noisy["reason"] in text
+    outcomes = f"{copy['outcome']} | {copy['kl_outcome']}"
+    row = f"| fp32_copy | negative | not supported | {outcomes} | **as it must** |"
+    assert row in text and "supported" not in (copy["outcome"], copy["kl_outcome"])
+    assert "| fp32_noisy | positive | supported | supported | supported | **as it must** |" in text
+    assert noisy["reason"] in text and noisy["kl_reason"] in text
     assert "| H2 | bf16 vs fp32 |" in text and "| H2 | fp32_noisy vs fp32 |" not in text  # judged apart
     plain = report.render(data.stats, data.metrics, {}, tmp_path / "plain.md", ["fp32", "bf16"])
     assert "## Controls" not in plain

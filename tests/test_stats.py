@@ -424,11 +424,14 @@ def test_twelve_seeds_shrink_the_mde_of_a_shared_seed_effect():
 
 def test_controls_are_judged_apart_negative_not_different_positive_detected():
     """A negative control (the reference under another name) must not be called different; a positive one
-    (9x seed x task variance) must be detected; neither enters the H1-H3 verdicts."""
-    arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy", "fp32_dud")
+    (9x seed x task variance of dJ and 9x the seed variance of KL) must be detected on both, and one that
+    moves dJ only fails on KL; none enters the H1-H3 verdicts."""
+    arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy", "fp32_dud", "fp32_dj_only")
     _, task_var = simulation.structure("task", CAL_RATIO, BASE_VAR, simulation.TASK_VAR, arm="fp32_noisy")
+    task_var[("fp32_dj_only", "off_task")] = task_var[("fp32_noisy", "off_task")]
+    kl_seed_var = {("fp32_noisy", "off_task"): CAL_RATIO * (simulation.KL_SEED_VAR + simulation.KL_TASK_VAR)}
     table = simulation.simulate_table(
-        np.random.default_rng(51), n_seeds=CAL_SEEDS, arms=arms, task_var=task_var
+        np.random.default_rng(51), n_seeds=CAL_SEEDS, arms=arms, task_var=task_var, kl_seed_var=kl_seed_var
     )
     specs = {
         "fp32": {},
@@ -436,13 +439,18 @@ def test_controls_are_judged_apart_negative_not_different_positive_detected():
         "fp32_copy": {"control": "negative"},
         "fp32_noisy": {"control": "positive"},
         "fp32_dud": {"control": "positive"},  # a positive control without added noise: must fail
+        "fp32_dj_only": {"control": "positive"},  # noisier dJ, KL as the reference's: must fail on KL
     }
     out = stats.analyze(table, CFG, precisions=specs)
     c = out["controls"]
-    assert set(c) == {"fp32_copy", "fp32_noisy", "fp32_dud"}
+    assert set(c) == {"fp32_copy", "fp32_noisy", "fp32_dud", "fp32_dj_only"}
     assert c["fp32_copy"]["passed"] is True and c["fp32_copy"]["outcome"] != "supported"
+    assert c["fp32_copy"]["kl_passed"] is True and c["fp32_copy"]["kl_outcome"] != "supported"
     assert c["fp32_noisy"]["passed"] is True and c["fp32_noisy"]["outcome"] == "supported"
+    assert c["fp32_noisy"]["kl_outcome"] == "supported"
     assert c["fp32_dud"]["passed"] is False and c["fp32_dud"]["expected"] == "supported"
+    only = c["fp32_dj_only"]
+    assert only["dJ_passed"] is True and only["kl_passed"] is False and only["passed"] is False
     assert "whole seed-variance ratio" in c["fp32_noisy"]["reason"]
     for h in ("H1", "H2", "H3"):
         assert set(out["verdicts"][h]["by_arm"]) == {"bf16"}
@@ -450,6 +458,7 @@ def test_controls_are_judged_apart_negative_not_different_positive_detected():
         "fp32_copy": "negative",
         "fp32_noisy": "positive",
         "fp32_dud": "positive",
+        "fp32_dj_only": "positive",
     }
 
 

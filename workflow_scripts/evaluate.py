@@ -62,10 +62,10 @@ completions_per_s}.
 
 ``{task}.kl.json`` (estimator: ``kl``): run, task, reference_run, policy_dtype, reference_dtype,
 bf16_matmul, seed, temperature 1.0, top_p 1.0, max_new_tokens, k1_mean, k1_se, k3_mean, k3_se, rb_mean,
-rb_se (across prompts), k1_mc_var, k3_mc_var, rb_mc_var (Monte-Carlo variance given the prompts: the
-eval noise of a run's KL, since every run has the same prompts), n_prompts, n_samples, prompt_ids,
-per_prompt_k1, per_prompt_k3, per_prompt_rb (aligned with prompt_ids), mean_length, truncated_frac, timing {sample_s, score_s}. A base run against
-itself is exactly 0.
+rb_se (across prompts), k1_mc_var, k3_mc_var, rb_mc_var (Monte-Carlo variance given the prompts: the eval
+noise of a run's KL, since every run has the same prompts), n_prompts, n_samples, prompt_ids,
+per_prompt_k1, per_prompt_k3, per_prompt_rb (aligned with prompt_ids), mean_length, truncated_frac,
+timing {sample_s, score_s}. A base run against itself is exactly 0.
 
 Standard errors are null (not NaN) where undefined (a single problem or prompt); so are the mc vars
 with ``eval.kl_samples`` 1.

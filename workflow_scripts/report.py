@@ -193,9 +193,10 @@ def controls_section(stats: Mapping) -> str:
     for arm, c in controls.items():
         passed = c.get("passed")
         status = "**as it must**" if passed else "**NOT as it must**" if passed is False else "not judged"
-        rows.append([arm, str(c.get("kind")), str(c.get("expected")), c.get("outcome") or "n/a", status])
+        rows.append([arm, str(c.get("kind")), str(c.get("expected")), c.get("outcome") or "n/a",
+                     c.get("kl_outcome") or "n/a", status])  # fmt: skip
         reasons.append(
-            f"- {arm}: {c.get('reason')}" + (f"; KL: {c['kl_outcome']}" if c.get("kl_outcome") else "")
+            f"- {arm}: dJ: {c.get('reason')}" + (f"; KL: {c['kl_reason']}" if c.get("kl_reason") else "")
         )
     gate = "passed" if get(stats, "gate", "passed") else "did not pass"
     return "\n".join(
@@ -203,12 +204,12 @@ def controls_section(stats: Mapping) -> str:
             "## Controls",
             "",
             f"Arms that check the instrument, each against {ref}, judged by the H2 rule on the off-task dJ "
-            f"(whole seed-variance ratio) without the gate (it {gate}): a negative control (the reference "
-            "under another name, its own seeds) must not be called different (not 'supported'); a positive "
-            "control (the reference with added update noise) must be detected ('supported'). Controls are "
-            "left out of the H1-H3 verdicts; the KL outcome is shown, not judged.",
+            f"and the H3 rule on the off-task KL (whole seed-variance ratios) without the gate (it {gate}): "
+            "a negative control (the reference under another name, its own seeds) must not be called "
+            "different (not 'supported') on either; a positive control (the reference with added update "
+            "noise) must be detected ('supported') on both. Controls are left out of the H1-H3 verdicts.",
             "",
-            table(["control arm", "kind", "must be", "outcome", "result"], rows),
+            table(["control arm", "kind", "must be", "off-task dJ", "off-task KL", "result"], rows),
             "",
             *reasons,
             "",

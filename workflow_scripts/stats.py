@@ -57,7 +57,8 @@ from workflow_scripts.statistics.stat_tests import (
 from workflow_scripts.tasks.rows import read_parquet
 
 __all__ = ["analysis_defaults", "analyze", "json_safe", "run", "sampling_noise_var"]
-SCHEMA_VERSION = 3  # 3: whole seed variance (shared + seed x task), noise_share, controls
+# 3: whole seed variance (shared + seed x task), noise_share, controls; 4: kl_estimator, KL blocks "kl"
+SCHEMA_VERSION = 4
 ROLES = ("on_task", "off_task")
 REQUIRED_COLUMNS = ("run", "precision", "seed", "task", "role", "dJ")
 
@@ -169,9 +170,9 @@ def analyze(
     KL) gives 'skipped'/'failed' blocks with reasons and 'inconclusive'/'not testable' verdicts, never
     an exception; a malformed table (missing columns, duplicate run x task rows) raises ValueError.
 
-    Keys: schema_version, config, reference, precisions, n, tasks, eval_noise_source, excluded_runs,
-    gate, by_task_type[role] (classical: arms, comparisons), mixed_model[role][dJ | kl] (arms: whole_var,
-    shared_var, task_var with CIs; comparisons of the whole seed variance: ratio, ratio_ci,
+    Keys: schema_version, config, reference, precisions, n, tasks, eval_noise_source, kl_estimator,
+    excluded_runs, gate, by_task_type[role] (classical: arms, comparisons), mixed_model[role][dJ | kl]
+    (arms: whole_var, shared_var, task_var with CIs; comparisons of the whole seed variance: ratio, ratio_ci,
     ratio_ci_equivalence, p, parts, power), by_task[task], noise_share (per role, quantity and arm, and
     the verdicts resting on a share above ``scopes.NOISE_SHARE_WARN``), verdicts[H1 | H2 | H3] = {verdict,
     reason, rule, scope, by_arm}, controls[arm], noise_floor (``noise_floor``: repeats of an

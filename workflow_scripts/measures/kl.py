@@ -8,8 +8,8 @@ from pi_theta), teacher-forced through both models, and log-probabilities summed
 |-----------|---------------------------------------------------------------|------------------------------|
 | k1        | -log r                                                        | unbiased, can be negative    |
 | k3        | exp(log r) - 1 - log r                                        | unbiased, >= 0, lower var.   |
-| rb        | sum over y's positions t of KL(pi_theta(.|x,y<t) || pi_0(.|x,y<t)), | unbiased, >= 0, var <= k1's |
-|           | the full next-token KL (every vocabulary entry)               | (Rao-Blackwellized k1)       |
+| rb        | sum over y's positions t of KL(pi_theta(.|x,y<t) || pi_0(.|x,y<t)) | unbiased, >= 0, |
+|           | the full next-token KL (every vocabulary entry)               | var <= k1's (Rao-Blackwell.) |
 
 rb is k1 with each position's sampled token replaced by its expectation under pi_theta (the tower
 rule makes the sum's expectation the sequence-level KL: the tests check it exactly by enumeration), so

@@ -35,9 +35,9 @@ deviation for the test, the seed bootstrap CI for the bounds) and the reason say
 
 Controls: a precision entry with ``control: negative`` (the reference under another name) or
 ``control: positive`` (the reference with added update noise) is not a precision arm: it is left out
-of H1-H3 and judged in ``control_outcomes`` by the H2 rule on its off-task dJ, without the gate (the
-instrument is what is checked): a negative control passes iff that comparison is not 'supported', a
-positive control iff it is.
+of H1-H3 and judged in ``control_outcomes`` by the H2 rule on its off-task dJ and the H3 rule on its
+off-task KL, without the gate (the instrument is what is checked): a negative control passes iff
+neither comparison is 'supported', a positive control iff both are (KL where it was measured).
 """
 
 from __future__ import annotations
@@ -274,6 +274,11 @@ def decide(
     return out
 
 
+def _as_it_must(kind: str, outcome: str) -> bool:
+    """A negative control must not be 'supported', a positive one must."""
+    return (outcome != "supported") if kind == "negative" else (outcome == "supported")
+
+
 def control_outcomes(
     by_role: Mapping[str, Mapping],
     arms: Sequence[str],
@@ -281,9 +286,10 @@ def control_outcomes(
     cfg: Mapping,
     gate_block: Mapping,
 ) -> dict[str, Any]:
-    """controls[arm] = {kind, expected, outcome, passed, reason, kl_outcome}: the H2 rule on the control's
-    off-task dJ vs the reference, without the gate (see module docstring); the H3-type outcome on KL is
-    reported beside it, not judged."""
+    """controls[arm] = {kind, expected, outcome, reason, dJ_passed, kl_outcome, kl_reason, kl_passed,
+    passed}: the H2 rule on the control's off-task dJ and the H3 rule on its off-task KL vs the
+    reference, without the gate (see module docstring); ``passed`` needs both (KL: None where it was
+    not testable, and then dJ alone decides)."""
     out = {}
     comps = (by_role.get("off_task") or {}).get("comparisons") or {}
     for a, kind in controls.items():
@@ -308,14 +314,17 @@ def control_outcomes(
         kl_v, kl_why = verdict_variance(
             comp["kl_model"], comp["kl_var"], comp.get("kl_power"), cfg, "off-task KL"
         )
-        passed = (v != "supported") if kind == "negative" else (v == "supported")
+        dj_passed = _as_it_must(kind, v)
+        kl_passed = None if kl_v == "not testable" else _as_it_must(kind, kl_v)
         out[a] = {
             **block,
             "outcome": v,
-            "passed": passed,
+            "dJ_passed": dj_passed,
             "reason": why,
             "kl_outcome": kl_v,
+            "kl_passed": kl_passed,
             "kl_reason": kl_why,
+            "passed": dj_passed and kl_passed is not False,
             "gate_passed": bool(gate_block.get("passed")),
         }
     return out
