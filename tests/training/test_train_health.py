@@ -30,7 +30,7 @@ def test_unstable_learning_rate_marks_the_run_diverged(unstable):
     health = unstable["run"]["health"]
     assert health["diverged"] is True
     assert any("train.health.max_kl" in r for r in health["reasons"]), health
-    assert health["max_kl_k3"] > health["bounds"]["max_kl"]
+    assert health["kl_estimator"] == "rb" and health["max_kl"] > health["bounds"]["max_kl"]
 
 
 def test_tensorboard_events_land_in_the_runs_results_folder(unstable):
@@ -64,6 +64,19 @@ def test_assess_health_entropy_collapse_and_bounds_off():
     assert not assess_health(metrics, {"min_entropy": None, "max_kl": None})["diverged"]
     healthy = [dict(r, entropy=0.5, kl_k3=0.1 if r["step"] == 20 else None) for r in metrics]
     assert assess_health(healthy, {"min_entropy": 0.01, "max_kl": 2.0})["diverged"] is False
+
+
+def test_assess_health_reads_rb_and_k3_only_in_logs_from_before_rb():
+    """One heavy-tailed k3 draw (50 nats) beside an rb of 0.4 is not an explosion; a log without rb is
+    read by its k3."""
+    bounds = {"min_entropy": None, "max_kl": 2.0}
+    logged = [{"step": 10, "entropy": 0.5, "kl_k3": 50.0, "kl_rb": 0.4}]
+    health = assess_health(logged, bounds)
+    assert health["diverged"] is False and health["kl_estimator"] == "rb" and health["max_kl"] == 0.4
+    old = [{"step": 10, "entropy": 0.5, "kl_k3": 50.0}]
+    health = assess_health(old, bounds)
+    assert health["diverged"] and health["kl_estimator"] == "k3"
+    assert "k3 50 at step 10" in health["reasons"][0]
 
 
 class _State:

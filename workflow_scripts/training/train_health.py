@@ -9,7 +9,8 @@ Two levels, because they mean different things for the analysis:
 | step)                                       | written (nothing downstream can read a NaN model)      |
 | mean entropy of the last 10% of steps below | the run finishes and its run.json says                 |
 | ``train.health.min_entropy`` (collapse)     | ``"health": {"diverged": true, "reasons": [...]}``;    |
-| any KL-to-base k3 measurement above         | aggregate carries the flag and the report lists the    |
+| any KL-to-base measurement (rb; k3 in older | aggregate carries the flag and the report lists the    |
+| logs) above                                 |                                                        |
 | ``train.health.max_kl`` (explosion)         | run (H-stats)                                          |
 
 A bound set to null is not checked. The KL is the training-time KL log (every ``kl_every`` steps and
@@ -76,12 +77,16 @@ class NonFiniteGuard(TrainerCallback):
 
 
 def assess_health(metrics: list[dict], bounds: Mapping) -> dict:
-    """run.json's ``health``: {diverged, reasons, bounds, final_entropy, min_entropy, max_kl_k3}."""
+    """run.json's ``health``: {diverged, reasons, bounds, final_entropy, min_entropy, max_kl, kl_estimator}.
+
+    The KL read is rb (``measures/kl.py``: no heavy tail, so one unlucky sample cannot mark a healthy
+    run); logs from before rb have k3 only, and then k3 is read."""
     min_entropy, max_kl = bounds.get("min_entropy"), bounds.get("max_kl")
     entropies = [r["entropy"] for r in metrics if r.get("entropy") is not None]
     tail = entropies[-max(1, len(entropies) // 10) :] if entropies else []
     final_entropy = sum(tail) / len(tail) if tail else None
-    kls = [(r["step"], r["kl_k3"]) for r in metrics if r.get("kl_k3") is not None]
+    estimator = "rb" if any(r.get("kl_rb") is not None for r in metrics) else "k3"
+    kls = [(r["step"], r[f"kl_{estimator}"]) for r in metrics if r.get(f"kl_{estimator}") is not None]
     worst = max(kls, key=lambda s: s[1]) if kls else None
     reasons = []
     if min_entropy is not None and final_entropy is not None and final_entropy < min_entropy:
@@ -91,7 +96,8 @@ def assess_health(metrics: list[dict], bounds: Mapping) -> dict:
         )
     if max_kl is not None and worst is not None and worst[1] > max_kl:
         reasons.append(
-            f"KL to base exploded: k3 {worst[1]:.4g} at step {worst[0]} > train.health.max_kl {max_kl}"
+            f"KL to base exploded: {estimator} {worst[1]:.4g} at step {worst[0]} > train.health.max_kl "
+            f"{max_kl}"
         )
     return {
         "diverged": bool(reasons),
@@ -99,5 +105,6 @@ def assess_health(metrics: list[dict], bounds: Mapping) -> dict:
         "bounds": {"min_entropy": min_entropy, "max_kl": max_kl},
         "final_entropy": final_entropy,
         "min_entropy": min(entropies) if entropies else None,
-        "max_kl_k3": worst[1] if worst else None,
+        "max_kl": worst[1] if worst else None,
+        "kl_estimator": estimator,
     }
