@@ -35,6 +35,7 @@ from workflow_scripts import base_model, evaluate, prepare_data, train
 from workflow_scripts.models.modeling import load_model, load_tokenizer
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.config import validate_config
+from workflow_scripts.stats import analysis_defaults
 from workflow_scripts.tasks.rows import read_rows
 
 log = logging.getLogger("sweep")
@@ -137,8 +138,8 @@ def evaluate_run(config: dict, data_dir: Path, base_dir: Path, model_dir: Path, 
 
 
 def kl_estimator(config: dict) -> str:
-    """The KL estimator the analysis reads (``analysis.kl_estimator``; the schema's default rb)."""
-    return (config.get("analysis") or {}).get("kl_estimator", "rb")
+    """The KL estimator the analysis reads (``analysis.kl_estimator``, else the schema's default)."""
+    return {**analysis_defaults(), **(config.get("analysis") or {})}["kl_estimator"]
 
 
 def seed_statistics(per_seed: list[dict], config: dict) -> dict:

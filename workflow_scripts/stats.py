@@ -93,10 +93,11 @@ def _arm_order(
 
 
 def _prepare(
-    metrics: pd.DataFrame, warn: list[str], estimator: str = "rb"
+    metrics: pd.DataFrame, warn: list[str], estimator: str | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict, str]:
     """(trained rows, base rows, excluded-runs block, noise source); raises ValueError if malformed.
-    ``estimator``: the KL estimator H3 reads (``kl_<estimator>`` columns, ``analysis.kl_estimator``)."""
+    ``estimator``: the KL estimator H3 reads (``kl_<estimator>`` columns; None: the schema's default of
+    ``analysis.kl_estimator``)."""
     missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
     if missing:
         raise ValueError(f"metrics table lacks column(s) {missing}")
@@ -131,7 +132,7 @@ def _prepare(
     rows["precision"] = rows["precision"].astype(str)
     if source != "column":
         warn.append(f"eval_noise_var incomplete: noise source is '{source}'")
-    name = f"kl_{estimator}"
+    name = f"kl_{estimator or _schema_defaults()['kl_estimator']}"
     if name in rows.columns:
         rows["kl"] = pd.to_numeric(rows[name], errors="coerce")
         # KL noise: the Monte-Carlo variance given the (shared) prompts; else the prompt-level SE^2 (kl)

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
 from workflow_scripts.plots.common import ROLE_LABEL, FigureData, placeholder
+from workflow_scripts.statistics.report_tables import kl_name
 
 
 def _positive(x: float | None) -> bool:
@@ -114,8 +115,7 @@ def plot_variance_ratios(data: FigureData) -> Figure:
     size = (11, max(3.0, 0.45 * len(labels) + 2.0))
     fig, axes = plt.subplots(1, 2, figsize=size, sharey=True, layout="constrained")
     arm = others[0] if len(others) == 1 else "arm"
-    kl = f"KL {stats.get('kl_estimator') or 'k3'}"
-    for ax, (block, name) in zip(axes, (("dJ_var", "dJ"), ("kl_var", kl)), strict=True):
+    for ax, (block, name) in zip(axes, (("dJ_var", "dJ"), ("kl_var", kl_name(stats))), strict=True):
         rows = _forest_rows(stats, block)
         ax.set_title(f"Var[{name}] across seeds: {arm} / {ref}")
         if not labels:
@@ -167,7 +167,7 @@ def plot_variance_components(data: FigureData) -> Figure:
         gridspec_kw={"width_ratios": [3, 2]},
     )
     palette = data.palette()
-    for row, (quantity, name) in enumerate((("dJ", "dJ"), ("kl", f"KL {stats.get('kl_estimator') or 'k3'}"))):
+    for row, (quantity, name) in enumerate((("dJ", "dJ"), ("kl", kl_name(stats)))):
         ax, axr = axes[row]
         ax.set_title(f"whole seed variance of {name} (95% profile CI)", fontsize=10)
         axr.set_title(f"ratio arm / {stats.get('reference') or 'reference'} ({name})", fontsize=10)

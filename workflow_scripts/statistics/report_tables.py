@@ -82,7 +82,7 @@ def _part_ratio(comp: Mapping, part: str) -> str:
 
 
 def kl_name(stats: Mapping) -> str:
-    """How tables name the KL the analysis read (stats.json ``kl_estimator``; older files: k3)."""
+    """How tables and figures name the KL the analysis read (stats.json ``kl_estimator``; older files: k3)."""
     return f"KL {stats.get('kl_estimator') or 'k3'}"
 
 
