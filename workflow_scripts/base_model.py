@@ -159,7 +159,8 @@ def warm_start(
     if steps == 0:
         return [], []
     stop = tiny.get("stop") if probe else None
-    opt = torch.optim.AdamW(model.parameters(), lr=tiny["sft_lr"], weight_decay=0.0)
+    betas = tuple(tiny.get("sft_betas", (0.9, 0.999)))
+    opt = torch.optim.AdamW(model.parameters(), lr=tiny["sft_lr"], betas=betas, weight_decay=0.0)
     warmup = max(1, steps // 20)
 
     def schedule(step: int) -> float:

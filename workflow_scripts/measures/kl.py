@@ -223,12 +223,12 @@ def _shared_prefill_logits(models, prompts, completions, pad_id, batch_size, bud
         for model, keep_logits in zip(models, keep, strict=True):
             cache = DynamicCache(config=model.config)
             first = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                          past_key_values=cache, use_cache=True, **keep_logits).logits[:, -1]  # fmt: skip
+                          cache=cache, use_cache=True, **keep_logits).logits[:, -1]  # fmt: skip
             logits = first[prompt_row][:, None]
             if longest > 1:  # completion token t (t >= 1) is scored by the logits after token t - 1
                 cache.batch_select_indices(prompt_row)
                 rest = model(input_ids=targets[:, :-1], attention_mask=full_mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True).logits  # fmt: skip
+                             cache=cache, use_cache=True).logits  # fmt: skip
                 logits = torch.cat([logits, rest], dim=1)
             per_model.append(logits)
         yield pair_rows, per_model, targets, in_completion

@@ -30,6 +30,7 @@ teacher-forced exactly as it was sampled.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+from workflow_scripts.models import shared_prefix
 
 
 @dataclass(frozen=True)
@@ -245,48 +248,66 @@ def decoding_cache(model, room: int) -> DynamicCache:
 
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
            warpers: LogitsProcessorList | None, stops: list[int], pad: int,
-           repeat: int = 1, grow: bool = True, last_only: bool | None = None) -> torch.Tensor:  # fmt: skip
+           repeat: int = 1, grow: bool = True, last_only: bool | None = None,
+           shared: bool | None = None) -> torch.Tensor:  # fmt: skip
     """The (rows x repeat, max_new_tokens) new tokens of left-padded prompts, pad after each row's end
     token: ``generate``'s sampling step (float32 logits, ``warpers``, softmax, one multinomial draw per
     row; argmax when ``warpers`` is None) over a KV cache, with two savings that ``generate`` lacks.
     The prompts run once and their cache is copied to ``repeat`` rows each (a prompt's samples), and a
     row that has ended leaves the batch (its cache rows dropped) instead of computing pads to the longest
-    answer: most answers here end in half the budget. ``grow``: decode into ``GrowingLayer``s (False:
-    transformers' ``DynamicLayer``, the same numbers). ``last_only``: whether the model takes
-    ``logits_to_keep`` (None: look it up). Reproducible for given (seed, prompts, batches)."""
+    answer: most answers here end in half the budget. ``shared`` (with ``repeat`` > 1): decode with
+    ``shared_prefix`` attention, which never copies a prompt's keys and values to its samples (None:
+    wherever ``shared_prefix.supports`` the model; False: copy them, as ``generate`` would). ``grow``:
+    otherwise decode into ``GrowingLayer``s (False: transformers' ``DynamicLayer``, the same numbers).
+    ``last_only``: whether the model takes ``logits_to_keep`` (None: look it up). Reproducible for
+    given (seed, prompts, batches)."""
     device = ids.device
+    shared = repeat > 1 and (shared_prefix.supports(model) if shared is None else shared)
+    grow = grow and not shared  # a shared decode keeps the generated keys and values itself
     cache = decoding_cache(model, max_new_tokens) if grow else DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     last_only = supports_logits_to_keep(model) if last_only is None else last_only
     last = {"logits_to_keep": 1} if last_only else {}
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                    use_cache=True, **last).logits[:, -1]  # fmt: skip
     positions = mask.sum(-1)
-    if repeat > 1:
+    state = None
+    if shared:
+        prefix = [(layer.keys, layer.values) for layer in cache.layers]
+        state, cache = shared_prefix.SharedPrefixKV(prefix, mask, repeat, max_new_tokens), None
+    elif repeat > 1:
         cache.batch_repeat_interleave(repeat)
+    if repeat > 1:
         logits, mask, positions = (x.repeat_interleave(repeat, 0) for x in (logits, mask, positions))
     out = torch.full((len(logits), max_new_tokens), pad, dtype=torch.long, device=device)
     alive = torch.arange(len(logits), device=device)
     stop_ids = torch.tensor(stops, device=device)
-    for step in range(max_new_tokens):
-        scores = logits.to(dtype=torch.float32)
-        if warpers is None:
-            tokens = scores.argmax(-1)
-        else:
-            scores = warpers(out[alive, :step], scores)
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-        out[alive, step] = tokens
-        going = ~torch.isin(tokens, stop_ids)
-        if step == max_new_tokens - 1 or not going.any():
-            break
-        if not going.all():
-            keep = going.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            alive, tokens, mask, positions = alive[keep], tokens[keep], mask[keep], positions[keep]
-        mask = torch.cat([mask, mask.new_ones((len(mask), 1))], dim=1)
-        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                       past_key_values=cache, use_cache=True).logits[:, -1]  # fmt: skip
-        positions = positions + 1
+    steps = shared_prefix.decoding_steps(model) if shared else contextlib.nullcontext()
+    with steps:
+        for step in range(max_new_tokens):
+            scores = logits.to(dtype=torch.float32)
+            if warpers is None:
+                tokens = scores.argmax(-1)
+            else:
+                scores = warpers(out[alive, :step], scores)
+                tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            out[alive, step] = tokens
+            going = ~torch.isin(tokens, stop_ids)
+            if step == max_new_tokens - 1 or not going.any():
+                break
+            if not going.all():
+                keep = going.nonzero().squeeze(1)
+                state.select(keep) if shared else cache.batch_select_indices(keep)
+                alive, tokens, mask, positions = alive[keep], tokens[keep], mask[keep], positions[keep]
+            if shared:
+                logits = model(input_ids=tokens[:, None], position_ids=positions[:, None], use_cache=False,
+                               shared_prefix=state).logits[:, -1]  # fmt: skip
+            else:
+                mask = torch.cat([mask, mask.new_ones((len(mask), 1))], dim=1)
+                step_ids, step_positions = tokens[:, None], positions[:, None]
+                logits = model(input_ids=step_ids, attention_mask=mask, position_ids=step_positions,
+                               cache=cache, use_cache=True).logits[:, -1]  # fmt: skip
+            positions = positions + 1
     return out
 
 
@@ -323,19 +344,21 @@ def sample_completions(
     budget = memory_budget_bytes(device, memory_budget_gb)
     results: dict[tuple[int, int], Completion] = {}
     stop_set = set(stops)
+    texts: dict[tuple[int, ...], str] = {}  # each distinct completion decoded once (samples repeat)
 
     def collect(chunk: list[tuple[int, int]], out: torch.Tensor) -> None:
-        cut: list[list[int]] = []
+        cut: list[tuple[int, ...]] = []
         ends: list[int | None] = []
         for seq in out.tolist():
             end = next((j for j, tok in enumerate(seq) if tok in stop_set), None)
-            cut.append(seq if end is None else seq[:end])
+            cut.append(tuple(seq if end is None else seq[:end]))
             ends.append(None if end is None else seq[end])
-        texts = tokenizer.batch_decode(cut, skip_special_tokens=True)
-        for (i, s), toks, stop, text in zip(chunk, cut, ends, texts, strict=True):
-            results[(i, s)] = Completion(
-                i, s, text, len(toks) + int(stop is not None), stop is None, tuple(toks), stop
-            )
+        new = list(dict.fromkeys(toks for toks in cut if toks not in texts))
+        decoded = tokenizer.batch_decode([list(t) for t in new], skip_special_tokens=True)
+        texts.update(zip(new, decoded, strict=True))
+        for (i, s), toks, stop in zip(chunk, cut, ends, strict=True):
+            ended = stop is not None
+            results[(i, s)] = Completion(i, s, texts[toks], len(toks) + ended, not ended, toks, stop)
 
     def size_for(i: int) -> int:
         per_seq = generation_bytes_per_sequence(model, len(prompt_ids[i]), max_new_tokens)
