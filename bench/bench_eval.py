@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per-prompt: {loop_cps:8.1f} completions/s ({t_loop:.3f}s)")
     speedup = batched_cps / loop_cps
     print(f"speedup={speedup:.1f}x (target >= 3)")
+    # one model row per distinct (prompt, tokens so far) against one per sample (share_prefill=False)
+    t_rows, _ = best_of(args.repeats, lambda: sample_completions(model, tok, prompts, **sampling,
+                                                                 share_prefill=False))  # fmt: skip
+    print(f"per-sample rows: {len(out) / t_rows:8.1f} completions/s ({t_rows:.3f}s); "
+          f"states_speedup={t_rows / t_batched:.1f}x")  # fmt: skip
 
     reference = copy.deepcopy(model)
     runs = [estimate_kl(model, reference, tok, prompts, n_samples=n, max_new_tokens=max_new, seed=s)

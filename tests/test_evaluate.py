@@ -255,6 +255,38 @@ def test_decoding_in_place_draws_what_concatenating_the_cache_draws(tiny):
     assert len({tuple(r) for r in out[True].tolist()}) > len(PROMPTS)  # sampled rows differ
 
 
+def test_one_state_per_distinct_prefix_draws_what_one_state_per_row_draws(tiny):
+    """Rows that share a prompt and their tokens so far run the model once (a state): the same tokens,
+    greedy and sampled, as running every row (the prompt cache copied to each), with far fewer rows
+    through the model; rows end at different steps."""
+    model, tok = tiny
+    stops, pad = stop_token_ids(model, tok), tok.pad_token_id
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = (ids != pad).long()
+    seen: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(len(kw["input_ids"])), with_kwargs=True
+    )
+    try:
+        for warpers in (None, sampling_warpers(0.7, 0.8), sampling_warpers(1.0, 1.0)):
+            out, rows = {}, {}
+            for merge in (True, False):
+                seen.clear()
+                torch.manual_seed(3)
+                out[merge] = decode(model, ids, mask, 6, warpers, stops, pad, repeat=40, merge=merge)
+                rows[merge] = sum(seen)
+            assert torch.equal(out[True], out[False])
+            assert rows[True] <= rows[False]
+            if warpers is None:  # greedy: one state per prompt at every step
+                assert rows[True] <= 6 * len(PROMPTS) < 40 * len(PROMPTS) <= rows[False]
+    finally:
+        hook.remove()
+    ended = {next((j for j, t in enumerate(r) if t in stops), 6) for r in out[True].tolist()}
+    assert len(ended) > 1 and len({tuple(r) for r in out[True].tolist()}) > 3 * len(PROMPTS)
+
+
 def test_saved_generation_defaults_do_not_change_sampling(tiny):
     """A model's generation_config (top_k, repetition penalty, ...) must not leak into the sampler."""
     model, tok = tiny

@@ -545,3 +545,26 @@ def test_each_verifier_kind_is_declared_once_and_the_schema_and_evaluation_read_
         assert kind.extract("no answer here at all") is None or name in {"code", "gsm8k"}, name
         assert name in V.__doc__ and kind.reference, name  # the docs' table has a row per kind
     assert set(V.SETTINGS) == {"math", "gsm8k"}
+
+
+def test_a_repeated_completion_is_judged_once_per_answer_and_counted_every_time(monkeypatch):
+    """Samples of a problem repeat: each distinct (text, answer) pair is judged once, and every sample
+    still gets its verdict (the same as judging it alone) and its count."""
+    import dataclasses
+
+    calls = []
+    spec = V.VERIFIERS["integer"]
+
+    def judge(text, answer, **kw):
+        calls.append((text, answer))
+        return spec.judge(text, answer, **kw)
+
+    monkeypatch.setitem(V.VERIFIERS, "integer", dataclasses.replace(spec, judge=judge))
+    texts = ["7", "7", "8", "7", "", "7"]
+    answers = ["7", "7", "7", "8", "7", "7"]
+    before = V.status_counts[("integer", "ok")]
+    got = V.verify_batch("integer", texts, answers)
+    assert sorted(calls) == sorted({("7", "7"), ("8", "7"), ("7", "8")})
+    alone = [V.verify_one("integer", t, a) for t, a in zip(texts, answers, strict=True)]
+    assert got == alone and [v.correct for v in got] == [True, True, False, False, False, True]
+    assert V.status_counts[("integer", "ok")] - before == 2 * 5  # both batches: five judged texts each

@@ -244,16 +244,27 @@ def verify_batch(
             raise ValueError(f"{n} completions but {len(other)} {name}")
     verdicts: list[Verdict | None] = [None] * n
     jobs: list[tuple[int, _Job]] = []
+    # An in-process verdict depends on (text, answer) alone (_plan reads neither meta nor prompt), and a
+    # problem's samples repeat (128 samples of a tiny model: ~10 distinct texts): judge each pair once.
+    in_process = VERIFIERS[kind].runs == "in_process"
+    judged: dict[tuple[str, str], Verdict] = {}
     for i in range(n):
+        key = None
         try:
             text = _completion_text(completions[i])
             meta = _as_meta(metas[i]) if metas is not None else {}
+            key = (text, str(answers[i])) if in_process else None
+            if key in judged:
+                verdicts[i] = judged[key]
+                continue
             prompt = prompts[i] if prompts is not None and isinstance(prompts[i], str) else None
             planned = _plan(kind, text, str(answers[i]), meta, prompt, settings)
         except Exception:
             planned = Verdict(False, None, "error")
         if isinstance(planned, Verdict):
             verdicts[i] = planned
+            if key is not None:
+                judged[key] = planned
         else:
             jobs.append((i, planned))
 
