@@ -190,8 +190,9 @@ def test_sampling_is_prompt_major_reproducible_and_leaves_global_rng(tiny):
 
 
 def test_a_shared_prefill_draws_what_prefilling_every_sample_draws(tiny):
-    """The prompt's KV cache computed once and copied to its samples: the same logits, so with the same
-    seed and batches the same draws (greedy identical; sampled: at most a rare flip from rounding)."""
+    """A prompt's samples decoded together (one prefill, one model row per distinct prefix): the same
+    logits, so with the same seed and batches the same draws (greedy identical; sampled: at most a rare
+    flip from rounding)."""
     model, tok = tiny
     for temperature in (0.0, 1.0):
         kw = {"n_samples": 4, "temperature": temperature, "max_new_tokens": 6, "seed": 3, "batch_size": 8}
