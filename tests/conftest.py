@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import os
+
+# numpy's OpenBLAS gets one thread in the test process (set before numpy loads). The statistics' matrices
+# are a few tasks wide, where OpenBLAS's threads cost more than they give: tests/test_stats.py and
+# tests/statistics took 118 s with its default (2 threads here), 73 s with one. Stage jobs size their own
+# pools (workflow_scripts/runtime/threads.py), as a stats job does in a run.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import re
 import shutil
 import subprocess
