@@ -298,8 +298,9 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
             break
         alive, row_state, tokens = alive[going], row_state[going], tokens[going]
         if merge:  # the next states: distinct (state, token) pairs, in state order
-            pairs, row_state = torch.unique(row_state * len(scores[0]) + tokens, return_inverse=True)
-            parent, tokens = pairs // len(scores[0]), pairs % len(scores[0])
+            vocab = scores.shape[-1]
+            pairs, row_state = torch.unique(row_state * vocab + tokens, return_inverse=True)
+            parent, tokens = pairs // vocab, pairs % vocab
         else:
             parent, row_state = row_state, torch.arange(len(tokens), device=device)
         cache.batch_select_indices(parent)
