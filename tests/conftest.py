@@ -9,6 +9,10 @@ import os
 # tests/statistics took 118 s with its default (2 threads here), 73 s with one. Stage jobs size their own
 # pools (workflow_scripts/runtime/threads.py), as a stats job does in a run.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test workers share the machine, so no job may spin-wait on a core the other worker needs
+    # (runtime/threads.py: a job whose threads cover every CPU keeps OpenMP's spinning wait).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import re
 import shutil
 import subprocess
