@@ -31,6 +31,7 @@ from workflow_scripts.models.generation import (
     bounded_batch_size,
     decode,
     generation_bytes_per_sequence,
+    left_padded,
     sample_completions,
     sampling_warpers,
     stop_token_ids,
@@ -237,16 +238,19 @@ def test_the_decoding_loop_is_generates_sampling_step_and_ends_rows_at_their_sto
             assert set(row[end + 1 :]) <= {pad}
 
 
+def padded_prompts(tok) -> tuple[torch.Tensor, torch.Tensor]:
+    """PROMPTS as one left-padded batch (ids, attention mask), as sample_completions builds it."""
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    return left_padded(prompts, max(map(len, prompts)), tok.pad_token_id, "cpu")
+
+
 def test_decoding_in_place_draws_what_concatenating_the_cache_draws(tiny):
     """GrowingLayer (a token written into a buffer) against transformers' DynamicLayer (the cache
     concatenated every step): the same keys and values, so the same tokens, greedy and sampled, with
     repeated prompts and rows dropped as they end."""
     model, tok = tiny
     stops, pad = stop_token_ids(model, tok), tok.pad_token_id
-    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    ids, mask = padded_prompts(tok)
     for warpers in (None, sampling_warpers(1.0, 0.9)):
         out = {}
         for grow in (True, False):
@@ -262,10 +266,7 @@ def test_one_state_per_distinct_prefix_draws_what_one_state_per_row_draws(tiny):
     through the model; rows end at different steps."""
     model, tok = tiny
     stops, pad = stop_token_ids(model, tok), tok.pad_token_id
-    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = (ids != pad).long()
+    ids, mask = padded_prompts(tok)
     seen: list[int] = []
     hook = model.register_forward_pre_hook(
         lambda m, a, kw: seen.append(len(kw["input_ids"])), with_kwargs=True
