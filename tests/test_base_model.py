@@ -73,7 +73,8 @@ def test_base_json_records_the_rule_and_its_checks(tmp_path, valid_config):
     record = base_model.build_base(config, tmp_path / "data", tmp_path / "base", tmp_path / "base.json", 1)
     saved = json.loads((tmp_path / "base.json").read_text())
     assert saved == json.loads(json.dumps(record))
-    assert saved["sft"]["stop"] == {"greedy_accuracy": 1.0, "every": 4, "probe_n": 6}
+    rule = {"greedy_accuracy": 1.0, "every": 4, "probe_n": 6, "floors": {}}
+    assert saved["sft"]["stop"] == {**rule, "floor_samples": 16, "floor_temperature": 0.7, "floor_top_p": 0.8}
     assert [s for s, _ in saved["sft"]["probe_trace"]] == [4, 8, 12]  # target not reached: all steps
     assert saved["sft"]["steps"] == 12 and saved["sft"]["stopped_early"] is False
 
@@ -88,3 +89,63 @@ def test_a_bad_stopping_rule_is_refused_naming_the_key(valid_config, stop, key):
     config["model"]["tiny"]["stop"] = stop
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(config, source="x.yaml")
+
+
+def test_a_bpe_base_is_built_with_the_tokenizer_it_saves(tmp_path, valid_config):
+    from workflow_scripts.models.modeling import load_model, load_tokenizer
+    from workflow_scripts.prepare_data import prepare
+
+    config = json.loads(json.dumps(valid_config))
+    config["model"]["tiny"].update(sft_steps=4, stop=None, tokenizer={"kind": "bpe", "vocab_size": 200})
+    config = validate_config(config)
+    prepare(config["data"], tmp_path / "data")
+    record = base_model.build_base(config, tmp_path / "data", tmp_path / "base", tmp_path / "base.json", 1)
+    tok, model = load_tokenizer(tmp_path / "base"), load_model(tmp_path / "base", "float32")
+    assert record["tokenizer"] == {"kind": "bpe", "vocab_size": len(tok)}
+    assert 101 < len(tok) <= 200 and model.get_input_embeddings().num_embeddings == len(tok)
+    assert " Ans" in tok.get_vocab()  # the test config's mcq rows were in the pool it was learnt from
+
+
+def test_with_floors_the_warm_start_goes_on_until_the_off_task_probes_reach_them(monkeypatch, valid_config):
+    """The floors are scored only at checks that reach the on-task target, and both must hold."""
+    from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
+
+    greedy = iter([0.1, 0.6, 0.2, 0.7, 0.8])
+    mul = iter([0.0, 0.2])
+    calls = []
+
+    def fake_correct(model, tokenizer, rows, task, n, temperature, **kw):
+        family = rows[0]["meta"]["family"]
+        calls.append((family, n, temperature, kw.get("top_p")))
+        value = next(greedy) if family == "add_sub" else next(mul)
+        return [[i < value * len(rows)] * n for i in range(len(rows))]
+
+    monkeypatch.setattr(base_model, "correct_matrix", fake_correct)
+    stop = {"greedy_accuracy": 0.5, "every": 2, "floors": {"mul": 0.15}, "floor_samples": 4,
+            "floor_temperature": 0.7, "floor_top_p": 0.8}  # fmt: skip
+    tiny = {**valid_config["model"]["tiny"], "sft_steps": 40, "stop": stop}
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(len(tok), tiny, tok)
+    probe, pool = base_model.stop_probe(_rows(), "add_sub", 10)
+    floor_probe, pool = base_model.stop_probe(pool, "mul", 5)
+    floors = {"mul": floor_probe}
+    losses, trace = base_model.warm_start(model, tok, pool, tiny, probe, {"max_new_tokens": 4}, floors)
+    assert trace == [[2, 0.1], [4, 0.6, {"mul": 0.0}], [6, 0.2], [8, 0.7, {"mul": 0.2}]]
+    assert len(losses) == 8
+    assert [c for c in calls if c[0] == "mul"] == [("mul", 4, 0.7, 0.8)] * 2
+
+
+def test_a_floor_whose_probe_would_empty_its_family_is_refused(tmp_path, valid_config):
+    """mul has ~200 train-side problems in all: a held-out probe of 60 would take over a quarter."""
+    from workflow_scripts.prepare_data import prepare
+
+    config = json.loads(json.dumps(valid_config))
+    config["model"]["tiny"].update(
+        sft_steps=4, stop={"greedy_accuracy": 0.5, "probe_n": 60, "floors": {"mul": 0.1}}
+    )
+    config = validate_config(config)
+    prepare(config["data"], tmp_path / "data")
+    with pytest.raises(
+        ValueError, match=r"model\.tiny\.stop\.floors\.mul: the warm-start pool has \d+ distinct"
+    ):
+        base_model.build_base(config, tmp_path / "data", tmp_path / "base", tmp_path / "base.json", 1)

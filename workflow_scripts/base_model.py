@@ -1,9 +1,10 @@
 """base_model stage: build (or load) the base policy pi_0 and record its on-task headroom for RL.
 
-``model.source: tiny`` builds the char-level tokenizer and a Llama of the ``model.tiny`` dimensions
-locally and warm-starts it with a short supervised fine-tune on the warm-start pool (sft.jsonl), on the
-GPU when there is one (the GPU smoke check builds a 0.36B model this way). Any other source (a local
-folder or a hub id) is loaded with an explicit dtype and saved as is.
+``model.source: tiny`` builds the tokenizer of ``model.tiny.tokenizer`` (char-level, or a BPE learnt from
+the warm-start pool with digits kept single, models/modeling.py) and a Llama of the ``model.tiny``
+dimensions locally and warm-starts it with a short supervised fine-tune on the warm-start pool
+(sft.jsonl), on the GPU when there is one (the GPU smoke check builds a 0.36B model this way). Any
+other source (a local folder or a hub id) is loaded with an explicit dtype and saved as is.
 
 Why near-miss labels. RLVR mostly sharpens what the base already samples: its gain is bounded by what
 the policy samples at the training temperature (pass@k at T 1) minus what it already gets at
@@ -23,9 +24,12 @@ transfer, which is what makes off-task evaluations move.
 
 Why a stopping rule (``model.tiny.stop``). Floats differ between CPUs, and so does the accuracy a fixed
 number of warm-start steps reaches; stopping at a target greedy accuracy on a held-out train-side probe
-gives every machine the same headroom, and ends the warm start as soon as it is there. base.json records
-greedy accuracy, pass@1 and pass@8 at T 1 on the on-task set (the headroom); every task's pass@1 at
-evaluation settings is in eval/base/{task}.json, one owner for those numbers.
+gives every machine the same headroom, and ends the warm start as soon as it is there. With ``stop.floors``
+the off-task families must also be off the floor at the stop (sampled pass@1 on their own held-out
+probes, checked only once the on-task target holds): when the on-task target comes early, the
+families RL should move by transfer have learnt less, and a family on the floor cannot show a change.
+base.json records greedy accuracy, pass@1 and pass@8 at T 1 on the on-task set (the headroom); every
+task's pass@1 at evaluation settings is in eval/base/{task}.json, one owner for those numbers.
 """
 
 from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
@@ -45,8 +49,8 @@ import torch
 
 from workflow_scripts.models.generation import sample_completions
 from workflow_scripts.models.modeling import (
-    build_char_tokenizer,
     build_tiny_llama,
+    build_tiny_tokenizer,
     load_model,
     load_tokenizer,
 )
@@ -63,6 +67,9 @@ log = logging.getLogger("base_model")
 
 
 NEAR_MISS_KINDS = ("no_stop", "off_by_one")
+# A floor's probe is held out of the warm start: at most 1/4 of its family's distinct problems (mul has ~200
+# train-side problems in all; a probe of 200 would leave the warm start none).
+MIN_FLOOR_POOL_FACTOR = 4
 
 
 def near_misses(answer: str, kinds: tuple[str, ...] | list[str]) -> list[str]:
@@ -145,15 +152,18 @@ def stop_probe(rows: list[Row], family: str, n: int) -> tuple[list[Row], list[Ro
 
 
 def warm_start(
-    model, tokenizer, rows: list[Row], tiny: dict, probe: list[Row] | None = None, task: dict | None = None
-) -> tuple[list[float], list[list]]:
+    model, tokenizer, rows: list[Row], tiny: dict, probe: list[Row] | None = None, task: dict | None = None,
+    floor_probes: dict[str, list[Row]] | None = None,
+) -> tuple[list[float], list[list]]:  # fmt: skip
     """Supervised fine-tune (AdamW, linear warm-up then cosine decay over ``sft_steps``).
 
-    With ``tiny.stop`` ({greedy_accuracy, every, probe_n}) and a ``probe`` (rows of the on-task family,
-    scored with the on-task ``task``'s verifier), greedy accuracy on the probe is checked every ``every``
-    steps and the warm start ends at the first check that reaches the target: the same headroom on
-    every CPU, whose floats differ, at a fraction of the fixed-length cost (``sft_steps`` is then the
-    longest it may run, and the horizon of the cosine). Returns (loss curve, [[step, accuracy], ...]).
+    With ``tiny.stop`` ({greedy_accuracy, every, probe_n, floors, ...}) and a ``probe`` (rows of the
+    on-task family, scored with the on-task ``task``'s verifier), greedy accuracy on the probe is
+    checked every ``every`` steps and the warm start ends at the first check that reaches the target
+    and, once it does, finds every family of ``floor_probes`` at or above its floor (``floors``):
+    the same headroom on every CPU, whose floats differ, at a fraction of the fixed-length cost
+    (``sft_steps`` is then the longest it may run, and the horizon of the cosine). Returns (loss
+    curve, [[step, accuracy], ...]); a check that scored the floors has them as a third entry.
     """
     steps = tiny["sft_steps"]
     if steps == 0:
@@ -194,11 +204,30 @@ def warm_start(
             trace.append([step, round(accuracy, 4)])
             log.info("sft step %d: probe greedy accuracy %.3f (target %s)", step, accuracy,
                      stop["greedy_accuracy"])  # fmt: skip
+            reached = accuracy >= stop["greedy_accuracy"]
+            if reached and floor_probes:
+                levels = floor_levels(model, tokenizer, floor_probes, stop, task)
+                trace[-1].append(levels)
+                log.info("sft step %d: off-task probe pass@1 %s (floors %s)", step, levels, stop["floors"])
+                reached = all(levels[f] >= stop["floors"][f] for f in floor_probes)
             model.train()
-            if accuracy >= stop["greedy_accuracy"]:
+            if reached:
                 break
     model.eval()
     return losses, trace
+
+
+def floor_levels(model, tokenizer, probes: dict[str, list[Row]], stop: dict, task: dict) -> dict[str, float]:
+    """Sampled pass@1 of each family's probe (``floor_samples`` a problem at ``floor_temperature`` /
+    ``floor_top_p``, the evaluation settings; the on-task ``task``'s answer budget and verifier)."""
+    n = stop["floor_samples"]
+    levels = {}
+    for family, rows in probes.items():
+        with torch.random.fork_rng():
+            ok = correct_matrix(model, tokenizer, rows, task, n, stop["floor_temperature"], seed=2,
+                                top_p=stop["floor_top_p"])  # fmt: skip
+        levels[family] = round(sum(sum(c) / n for c in ok) / len(ok), 4)
+    return levels
 
 
 def correct_matrix(
@@ -262,6 +291,13 @@ def from_snakemake(smk) -> None:
     )
 
 
+def tiny_tokenizer_kind(model_cfg: dict) -> str:
+    """``char`` or ``bpe`` for a built model (model.tiny.tokenizer.kind), ``loaded`` for any other source."""
+    if model_cfg["source"] != "tiny":
+        return "loaded"
+    return (model_cfg["tiny"].get("tokenizer") or {}).get("kind", "char")
+
+
 def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, threads: int = 2) -> dict:
     model_cfg = config["model"]
     tiny = model_cfg["tiny"]
@@ -273,16 +309,28 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
     task, rows = on_task_eval(config, data_dir)
     task_cfg = config["data"]["tasks"][task]
     if model_cfg["source"] == "tiny":
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_llama(len(tokenizer), tiny, tokenizer).to(device)
         pool = read_rows(data_dir / "sft.jsonl")
-        probe = None
+        # prompts and answers apart, as sft_batches tokenizes them: no merge spans the two
+        texts = (t for r in pool for t in (r["prompt"], r["answer"]))
+        tokenizer = build_tiny_tokenizer(tiny.get("tokenizer"), texts)
+        model = build_tiny_llama(len(tokenizer), tiny, tokenizer).to(device)
+        probe, floor_probes = None, {}
         if tiny.get("stop"):
             family = (rows[0].get("meta") or {}).get("family")
             probe, pool = stop_probe(pool, family, tiny["stop"]["probe_n"])
             if not probe:
                 raise ValueError(f"model.tiny.stop: the warm-start pool has no {family!r} rows to probe")
-        losses, trace = warm_start(model, tokenizer, pool, tiny, probe, task_cfg)
+            for other in tiny["stop"].get("floors") or {}:
+                distinct = len({r["prompt"] for r in pool if (r.get("meta") or {}).get("family") == other})
+                if distinct < MIN_FLOOR_POOL_FACTOR * tiny["stop"]["probe_n"]:
+                    raise ValueError(
+                        f"model.tiny.stop.floors.{other}: the warm-start pool has {distinct} distinct "
+                        f"{other} problems; a held-out probe of {tiny['stop']['probe_n']} would take more "
+                        f"than 1/{MIN_FLOOR_POOL_FACTOR} of them out of the warm start (drop the floor or "
+                        "lower probe_n)"
+                    )
+                floor_probes[other], pool = stop_probe(pool, other, tiny["stop"]["probe_n"])
+        losses, trace = warm_start(model, tokenizer, pool, tiny, probe, task_cfg, floor_probes)
     else:
         tokenizer = load_tokenizer(model_cfg["source"], model_cfg["trust_remote_code"])
         model = load_model(model_cfg["source"], model_cfg["dtype"], model_cfg["trust_remote_code"])
@@ -299,6 +347,10 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         "device": device,
         "on_task": {"task": task, **room, "max_new_tokens": task_cfg["max_new_tokens"]},
         "near_miss": tiny.get("near_miss") if model_cfg["source"] == "tiny" else None,
+        "tokenizer": {
+            "kind": tiny_tokenizer_kind(model_cfg),
+            "vocab_size": len(tokenizer),
+        },
         "sft": {
             "steps": len(losses),
             "final_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,

@@ -1,7 +1,10 @@
 """Model and tokenizer construction and loading: the one place dtypes and trust settings are applied.
 
-- ``build_char_tokenizer``: the tiny default's character-level tokenizer (every printable ASCII
-  character is a token; ``decoders.Fuse`` joins them back; left padding for batched generation).
+- ``build_tiny_tokenizer``: the tokenizer of ``model.tiny.tokenizer``, built locally: ``char`` (every
+  printable ASCII character is a token, ``build_char_tokenizer``) or ``bpe`` (``build_bpe_tokenizer``:
+  BPE learnt from the warm-start pool after Qwen2's pre-tokenization, so a number is written digit by
+  digit, as Qwen2.5 writes it, and a word of the templates is one token, as in any subword vocabulary).
+  Both join tokens back with ``decoders.Fuse`` and pad on the left for batched generation.
 - ``build_tiny_llama``: a Llama-architecture causal LM of the ``model.tiny`` dimensions (the default
   base model; at Qwen2.5-0.5B's dimensions with grouped-query attention, the GPU smoke check's).
 - ``load_model`` / ``load_tokenizer``: a local folder or a hub id, always with an explicit dtype
@@ -16,10 +19,11 @@ from __future__ import annotations
 
 import os
 import string
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -36,6 +40,12 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+# Qwen2's pre-tokenization (transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX): every digit on its own, a
+# word with its leading space or sign, a run of punctuation with its leading space.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -45,16 +55,47 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; known: {sorted(DTYPES)}") from err
 
 
+def _alphabet() -> list[str]:
+    return sorted(set(string.printable) - set("\x0b\x0c\r"))
+
+
+def build_tiny_tokenizer(spec: dict | None, texts: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+    """The tokenizer ``model.tiny.tokenizer`` names ({kind, vocab_size}); ``texts`` train a ``bpe``."""
+    kind = (spec or {}).get("kind", "char")
+    if kind == "char":
+        return build_char_tokenizer()
+    if kind == "bpe":
+        return build_bpe_tokenizer(texts, int(spec.get("vocab_size", 256)))
+    raise ValueError(f"model.tiny.tokenizer.kind: unknown kind {kind!r}; known: ['bpe', 'char']")
+
+
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
-    for ch in chars:
+    for ch in _alphabet():
         vocab.setdefault(ch, len(vocab))
     core = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, padding_side="left", **SPECIAL_TOKENS)
     return tok
+
+
+def build_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """BPE learnt from ``texts`` (at most ``vocab_size`` tokens; the special tokens and the printable
+    ASCII alphabet always), after Qwen2's pre-tokenization: digits never merge, so arithmetic stays the
+    digit-by-digit task it is at paper scale, while the words of a prompt cost one token each instead of
+    one per character (the warm start's cost is its token count). Deterministic: the same texts give
+    the same vocabulary and merges in any process. Pass prompts and answers as separate texts, as they
+    are tokenized, so no merge spans the boundary."""
+    core = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()), initial_alphabet=_alphabet(),
+        show_progress=False,
+    )  # fmt: skip
+    core.train_from_iterator(texts, trainer)
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, padding_side="left", **SPECIAL_TOKENS)
 
 
 def build_tiny_llama(vocab_size: int, tiny_cfg: dict, tokenizer) -> LlamaForCausalLM:
