@@ -291,13 +291,6 @@ def from_snakemake(smk) -> None:
     )
 
 
-def tiny_tokenizer_kind(model_cfg: dict) -> str:
-    """``char`` or ``bpe`` for a built model (model.tiny.tokenizer.kind), ``loaded`` for any other source."""
-    if model_cfg["source"] != "tiny":
-        return "loaded"
-    return (model_cfg["tiny"].get("tokenizer") or {}).get("kind", "char")
-
-
 def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, threads: int = 2) -> dict:
     model_cfg = config["model"]
     tiny = model_cfg["tiny"]
@@ -347,8 +340,9 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         "device": device,
         "on_task": {"task": task, **room, "max_new_tokens": task_cfg["max_new_tokens"]},
         "near_miss": tiny.get("near_miss") if model_cfg["source"] == "tiny" else None,
+        # char or bpe (model.tiny.tokenizer.kind, the schema fills it) for a built model
         "tokenizer": {
-            "kind": tiny_tokenizer_kind(model_cfg),
+            "kind": tiny["tokenizer"]["kind"] if model_cfg["source"] == "tiny" else "loaded",
             "vocab_size": len(tokenizer),
         },
         "sft": {

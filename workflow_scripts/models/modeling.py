@@ -65,7 +65,7 @@ def build_tiny_tokenizer(spec: dict | None, texts: Iterable[str] = ()) -> PreTra
     if kind == "char":
         return build_char_tokenizer()
     if kind == "bpe":
-        return build_bpe_tokenizer(texts, int(spec.get("vocab_size", 256)))
+        return build_bpe_tokenizer(texts, int(spec["vocab_size"]))  # its default: the config schema
     raise ValueError(f"model.tiny.tokenizer.kind: unknown kind {kind!r}; known: ['bpe', 'char']")
 
 
