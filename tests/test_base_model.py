@@ -149,3 +149,25 @@ def test_a_floor_whose_probe_would_empty_its_family_is_refused(tmp_path, valid_c
         ValueError, match=r"model\.tiny\.stop\.floors\.mul: the warm-start pool has \d+ distinct"
     ):
         base_model.build_base(config, tmp_path / "data", tmp_path / "base", tmp_path / "base.json", 1)
+
+
+@pytest.mark.parametrize("std", [None, 0.05])
+def test_initializer_range_sets_the_std_of_every_weight_matrix(valid_config, std):
+    """model.tiny.initializer_range reaches the model's initialization; null keeps transformers' 0.02."""
+    from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama
+
+    tiny = {**valid_config["model"]["tiny"], "hidden_size": 64, "intermediate_size": 256}
+    tiny["initializer_range"] = std
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(len(tok), tiny, tok)
+    expected = 0.02 if std is None else std
+    assert model.config.initializer_range == expected
+    matrices = [p for n, p in model.named_parameters() if p.dim() == 2]
+    assert matrices and all(abs(p.std().item() - expected) < 0.15 * expected for p in matrices)
+
+
+def test_initializer_range_must_be_positive():
+    config = load_test_config()
+    config["model"]["tiny"]["initializer_range"] = 0.0
+    with pytest.raises(ConfigError, match="initializer_range"):
+        validate_config(config, source="c.yaml")

@@ -159,7 +159,7 @@ def test_grpo_config_mapping_default(default_config):
     assert args.steps_per_generation == 4 > args.gradient_accumulation_steps == 1  # clipping can act
     assert args.generation_batch_size == 16 * 8 * 4 and args.num_generations == 8
     assert (args.temperature, args.top_p, args.top_k) == (1.0, 1.0, 0)
-    assert (args.max_steps, args.learning_rate, args.max_completion_length) == (48, 3e-5, 8)
+    assert (args.max_steps, args.learning_rate, args.max_completion_length) == (48, 6e-5, 8)
     assert args.seed == 3 and args.logging_steps == 1 and args.save_steps == 24 and args.save_total_limit == 1
     assert args.use_vllm is False and args.reward_weights is None and args.mask_truncated_completions is False
     assert len(reward_functions(train, "integer")) == 1

@@ -99,6 +99,8 @@ def build_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedToke
 
 
 def build_tiny_llama(vocab_size: int, tiny_cfg: dict, tokenizer) -> LlamaForCausalLM:
+    # initializer_range None or absent: transformers' own default
+    init = {"initializer_range": v} if (v := tiny_cfg.get("initializer_range")) is not None else {}
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=tiny_cfg["hidden_size"],
@@ -111,6 +113,7 @@ def build_tiny_llama(vocab_size: int, tiny_cfg: dict, tokenizer) -> LlamaForCaus
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        **init,
     )
     torch.manual_seed(tiny_cfg["seed"])
     return LlamaForCausalLM(config)
