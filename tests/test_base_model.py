@@ -26,6 +26,35 @@ def test_the_probe_is_distinct_on_task_family_prompts_held_out_of_the_warm_start
     assert len(rest) == len(_rows()) - 8 - 5  # a0..a4 occur twice and are in the probe
 
 
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_batches_hold_the_ids_of_one_call_per_text(kind):
+    """The pool is encoded once per distinct text in one batch call; every batch row must be exactly
+    the prompt's ids and the (possibly near-missed) answer's ids + end, as one call per text gives."""
+    from workflow_scripts.models.modeling import build_tiny_tokenizer
+
+    rows = [*_rows(), make_row("w", "sft", "integer", "Sam has 17 apples. Total=", "23", {"family": "word"})]
+    texts = [t for r in rows for t in (r["prompt"], r["answer"])]
+    tok = build_tiny_tokenizer({"kind": kind, "vocab_size": 150}, texts)
+
+    def one(text: str) -> tuple[int, ...]:
+        return tuple(tok(text, add_special_tokens=False)["input_ids"])
+
+    end = (tok.eos_token_id,)
+    expected = {(one(r["prompt"]), one(r["answer"]) + end) for r in rows}
+    add_sub = [r for r in rows if r["meta"]["family"] == "add_sub"]
+    misses = [(r, m) for r in add_sub for m in base_model.near_misses(r["answer"], ["no_stop"])]
+    expected |= {(one(r["prompt"]), one(m) + end) for r, m in misses}
+    near_miss = {"rate": 0.5, "kinds": ["no_stop"], "families": ["add_sub"]}
+    seen = set()
+    for ids, mask, labels in base_model.sft_batches(rows, tok, 8, 40, 0, near_miss):
+        for seq_ids, seq_mask, seq_labels in zip(ids.tolist(), mask.tolist(), labels.tolist(), strict=True):
+            seq = [t for t, keep in zip(seq_ids, seq_mask, strict=True) if keep]
+            answer = tuple(t for t in seq_labels if t != -100)
+            seen.add((tuple(seq[: len(seq) - len(answer)]), answer))
+    assert seen <= expected and len(seen) > len(rows) // 2
+    assert seen & {(one(r["prompt"]), one(m) + end) for r, m in misses}  # near misses were drawn
+
+
 @pytest.fixture()
 def valid_config() -> dict:
     return validate_config(load_test_config(), source=str(TEST_CONFIG))
