@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     h1 = float(np.mean(cal.h1_verdicts(sims["h1_ratio4"]) == "supported"))
     print("| structure (arm vs reference) | whole | shared part | seed x task part | tables | H2 supported |")
     print("|---|---|---|---|---|---|")
-    parts = {"null": ("1x", "1x", "1x"), "shared": ("9x", "17x", "1x"), "task": ("9x", "1x", "17x"),
-             "both": ("9x", "9x", "9x")}  # fmt: skip
+    r = cal.DETECT_RATIO  # the alternatives' whole ratio; shared = seed x task at the reference
+    w, p = f"{r:g}x", f"{2 * r - 1:g}x"
+    parts = {"null": ("1x", "1x", "1x"), "shared": (w, p, "1x"), "task": (w, "1x", p), "both": (w, w, w)}
     for s in simulation.STRUCTURES:
         n = n_null if s == "null" else n_alt
         print(f"| {s} | {' | '.join(parts[s])} | {n} | {rates[s]:.3f} |")

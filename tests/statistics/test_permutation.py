@@ -41,7 +41,7 @@ def test_permuted_scatters_are_the_arms_own_when_no_row_moves_and_keep_the_total
 
 def test_one_outlying_seed_fools_the_bootstrap_but_not_the_permutation():
     """One arm's runs are the reference's distribution except one seed 7 SDs out on one task (a twin seed
-    of the default sat 3.4 SDs out on chain): the bootstrap-only rule says supported, the rule must not."""
+    of the default sat 3.5 SDs out on chain): the bootstrap-only rule says supported, the rule must not."""
     rng = np.random.default_rng(11)
     sd = 0.006
     yr = rng.normal(0.1, sd, (8, 4))

@@ -578,7 +578,7 @@ def permutation_lrt(
     """p of the one-sided LRT against ``n_perm`` random reassignments of the seeds to the two arms.
 
     The bootstrap draws its null tables from a normal model; real seed effects have outlying seeds (on
-    the default's fp32 runs, one seed 3.4 SDs out on one task), and a variance test calibrated under
+    the default's fp32 runs, one seed 3.5 SDs out on one task), and a variance test calibrated under
     normality then rejects far above alpha (0.17 on splits of one arm's runs, README "Controls"). Under
     "the arms' seed effects have one distribution" the seed vectors are exchangeable, so this p holds its
     level whatever their shape (each arm's own means removed first; its known noise kept)."""
