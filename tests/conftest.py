@@ -23,6 +23,18 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_module(name: str):
+    """A script of bench/ (not a package) imported as a module, for the tests of its functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 TEST_CONFIG = REPO / "tests" / "config.test.yaml"
 WORKFLOW_FILES = ("Snakefile", "rules", "workflow_scripts", "envs", "report", "profiles", "data")
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

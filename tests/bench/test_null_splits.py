@@ -1,21 +1,16 @@
 """bench/null_splits.py: the H2/H3 rule's false-positive rate from splits of runs of one arm."""
 
-import importlib.util
-
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO
+from conftest import bench_module
 
 TASKS = ("chain", "mul", "word")
 
 
 @pytest.fixture(scope="module")
 def null_splits():
-    spec = importlib.util.spec_from_file_location("null_splits", REPO / "bench" / "null_splits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("null_splits")
 
 
 def write_metrics(folder, arm: str, seeds, rng, spread: float = 0.01):

@@ -1,18 +1,13 @@
 """The sweep's per-task seed statistics: what the sizing of the default (noise budget) is judged by."""
 
-import importlib.util
-
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep_miniature", REPO / "bench" / "sweep_miniature.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("sweep_miniature")
 
 
 def test_seed_statistics_set_the_across_seed_variance_against_the_mean_eval_noise(sweep):
