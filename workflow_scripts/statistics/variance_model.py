@@ -123,7 +123,7 @@ class ArmData:
     v: np.ndarray  # (T,)
     means: np.ndarray  # (T,) task means over seeds (the fixed effects)
     n_seeds: int
-    resid: np.ndarray | None = None  # (seeds, T) the seed-centred values themselves (the permutation test)
+    resid: np.ndarray  # (seeds, T) the seed-centred values whose scatter W is (the permutation test)
 
 
 def arm_data(y: np.ndarray, v: np.ndarray) -> ArmData:
@@ -454,16 +454,13 @@ def compare_arms(
     lam = float(lam_full)
     p_chibar = float(0.5 * st.chi2.sf(lam, 1)) if lam > 0 else 1.0
     null = null_fit(fa, fr, grid)
-    boot = (
-        bootstrap_lrt(fa, fr, null, n_boot, rng, floor)
-        if n_boot > 0
-        else {"status": "skipped", "reason": "bootstrap: 0"}
-    )
-    perm = (
-        permutation_lrt(fa, fr, n_boot, rng, floor)
-        if n_boot > 0
-        else {"status": "skipped", "reason": "bootstrap: 0"}
-    )
+    if n_boot > 0:
+        boot, perm = (
+            bootstrap_lrt(fa, fr, null, n_boot, rng, floor),
+            permutation_lrt(fa, fr, n_boot, rng, floor),
+        )
+    else:
+        boot = perm = {"status": "skipped", "reason": "bootstrap: 0"}
     if fa.data.v.size > 1 and fr.data.v.size > 1:
         parts = {
             "shared": _part(fa.sigma2, fr.sigma2, fa.profile, fr.profile, llf, grid.step, alpha),
@@ -527,29 +524,32 @@ def draw_scatter(cov: np.ndarray, df: int, n: int, rng: np.random.Generator) -> 
     return np.einsum("nst,nsu->ntu", z, z)
 
 
+def calibrated_lrt(
+    da: ArmData, dr: ArmData, wa: np.ndarray, wr: np.ndarray, floor: float
+) -> tuple[float, float]:
+    """(p, observed statistic) of the one-sided LRT of the arms' scatters against null scatters ``wa``,
+    ``wr`` (n, T, T) drawn by the bootstrap or by permutation, all profiled on one coarse grid."""
+    coarse = Grid.coarse(scale_of(da, dr))
+    obs, _ = lrt_stats(
+        whole_profiles(da.W, da.df, da.v, coarse, floor), whole_profiles(dr.W, dr.df, dr.v, coarse, floor)
+    )
+    sims, _ = lrt_stats(
+        whole_profiles(wa, da.df, da.v, coarse, floor), whole_profiles(wr, dr.df, dr.v, coarse, floor)
+    )
+    p = (1 + int((sims >= float(obs) - 1e-9).sum())) / (len(wa) + 1) if obs > 0 else 1.0
+    return p, float(obs)
+
+
 def bootstrap_lrt(
     fa: ArmFit, fr: ArmFit, null: NullFit, n_boot: int, rng: np.random.Generator, floor: float
 ) -> dict[str, Any]:
     """p of the one-sided LRT from ``n_boot`` tables drawn from the fitted null (common whole variance)."""
     assert fa.data is not None and fr.data is not None
     da, dr = fa.data, fr.data
-    coarse = Grid.coarse(scale_of(da, dr))
-    obs, _ = lrt_stats(
-        whole_profiles(da.W, da.df, da.v, coarse, floor), whole_profiles(dr.W, dr.df, dr.v, coarse, floor)
-    )
     wa = draw_scatter(whole_covariance(null.whole_var, null.rho_arm, da.v), da.df, n_boot, rng)
     wr = draw_scatter(whole_covariance(null.whole_var, null.rho_ref, dr.v), dr.df, n_boot, rng)
-    sims, _ = lrt_stats(
-        whole_profiles(wa, da.df, da.v, coarse, floor), whole_profiles(wr, dr.df, dr.v, coarse, floor)
-    )
-    p = (1 + int((sims >= float(obs) - 1e-9).sum())) / (n_boot + 1) if obs > 0 else 1.0
-    return {
-        "status": "ok",
-        "p": p,
-        "n": n_boot,
-        "null_whole_var": null.whole_var,
-        "statistic_coarse": float(obs),
-    }
+    p, obs = calibrated_lrt(da, dr, wa, wr, floor)
+    return {"status": "ok", "p": p, "n": n_boot, "null_whole_var": null.whole_var, "statistic_coarse": obs}
 
 
 def permuted_scatters(
@@ -563,11 +563,11 @@ def permuted_scatters(
     mask = np.zeros((n_perm, n))
     np.put_along_axis(mask, order[:, :na], 1.0, axis=1)
     outer = (pooled[:, :, None] * pooled[:, None, :]).reshape(n, -1)
+    t = pooled.shape[1]
 
     def scatter(m: np.ndarray, size: int) -> np.ndarray:
         s = m @ pooled
-        w = (m @ outer).reshape(n_perm, *pooled.shape[1:], pooled.shape[1])
-        return w - s[:, :, None] * s[:, None, :] / size
+        return (m @ outer).reshape(n_perm, t, t) - s[:, :, None] * s[:, None, :] / size
 
     return scatter(mask, na), scatter(1.0 - mask, n - na)
 
@@ -584,15 +584,5 @@ def permutation_lrt(
     level whatever their shape (each arm's own means removed first; its known noise kept)."""
     assert fa.data is not None and fr.data is not None
     da, dr = fa.data, fr.data
-    if da.resid is None or dr.resid is None:
-        return {"status": "skipped", "reason": "no seed rows (scatter matrices only)"}
-    coarse = Grid.coarse(scale_of(da, dr))
-    obs, _ = lrt_stats(
-        whole_profiles(da.W, da.df, da.v, coarse, floor), whole_profiles(dr.W, dr.df, dr.v, coarse, floor)
-    )
-    wa, wr = permuted_scatters(da.resid, dr.resid, n_perm, rng)
-    sims, _ = lrt_stats(
-        whole_profiles(wa, da.df, da.v, coarse, floor), whole_profiles(wr, dr.df, dr.v, coarse, floor)
-    )
-    p = (1 + int((sims >= float(obs) - 1e-9).sum())) / (n_perm + 1) if obs > 0 else 1.0
-    return {"status": "ok", "p": p, "n": n_perm, "statistic_coarse": float(obs)}
+    p, obs = calibrated_lrt(da, dr, *permuted_scatters(da.resid, dr.resid, n_perm, rng), floor)
+    return {"status": "ok", "p": p, "n": n_perm, "statistic_coarse": obs}
