@@ -1,8 +1,10 @@
 """The emulated bf16 products (``bf16_matmul``) keep the native bf16 contract within its own rounding.
 
 The measure: each path's error against a float64 reference computed from the same bf16 values. A GEMM:
-every output of either path within one bf16 spacing of the correctly rounded product and >= 99.9% equal
-to it (measured: 512x128x256, native 5 and emulated 8 of 131072 outputs off by one spacing). A training
+every output of either path within one bf16 spacing of the correctly rounded product plus the fp32
+summation bound, and >= 99.9% equal to it (measured: 512x128x256, native 5 and emulated 8 of 131072
+outputs off by one spacing on a Sapphire Rapids; AMD EPYC AVX512-BF16 native 9, emulated 8, one native
+output 3 spacings off by cancellation, within the fp32 bound). A training
 step and evaluation log-probs: the tiny model run in float64 from the bf16 weights is the reference;
 both paths round every product to bf16, so their errors are the same size and only the fp32 summation
 order differs; the emulated error is at most ``FACTOR`` times the native one (measured: logits 0.006598
@@ -56,10 +58,17 @@ def test_an_emulated_gemm_is_as_close_to_the_correctly_rounded_product_as_the_na
         torch.mm(a, b, out=out)  # TRL's fused log-prob head calls mm with out=
     assert emulated.dtype == native.dtype == out.dtype == BF16
     assert torch.equal(out, emulated)
-    spacing = bf16_spacing(exact.float()).double()
+    # An fp32 sum of K products is off the exact sum by at most gamma_K |a| |b| (Higham, Accuracy and
+    # Stability, 3.1: gamma_K = K u / (1 - K u), u = 2^-24), whatever the kernel's order of summation;
+    # rounding that sum to bf16 adds at most one spacing. Near zero (cancellation) the first term wins:
+    # an AMD EPYC's native AVX512-BF16 kernel put 1 of 131072 outputs 3 spacings off (exact -2.009e-4,
+    # sum |a||b| 77.6), inside this bound; the AMX path and the emulation stayed within one spacing.
+    k, u = a.shape[1], 2.0**-24
+    fp32_sum_bound = (k * u / (1 - k * u)) * (a.double().abs() @ b.double().abs())
+    bound = bf16_spacing(exact.float()).double() + fp32_sum_bound
     for path, result in (("native", native), ("emulated", emulated)):
         off = (result.double() - exact).abs()
-        assert float((off <= spacing).double().mean()) == 1.0, path  # never more than 1 bf16 spacing off
+        assert bool((off <= bound).all()), path  # an fp32-accumulated product rounded to bf16, no worse
         assert float((off == 0).double().mean()) >= 0.999, path  # fp32 sums miss only near-ties
 
 

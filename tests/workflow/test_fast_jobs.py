@@ -135,6 +135,23 @@ def test_base_against_its_own_cast_is_exactly_zero_kl_and_a_cast_alone_is_not(tm
     assert old["reference_dtype"] == "float32" and old["k3_mean"] > 0
 
 
+def test_loaded_weights_lie_aligned_so_a_copy_computes_the_same_floats(tmp_path):
+    """Weights loaded from safetensors are views at the file's offsets; on an AVX512 CPU MKL rounds a
+    one-row product of unaligned weights otherwise than of an aligned copy (the base run's KL to its
+    own copy came out -8.6e-10, not 0, on an AMD EPYC). ``load_model`` re-homes them aligned."""
+    from workflow_scripts.models.modeling import ALIGNMENT, load_model
+
+    torch.set_num_threads(1)
+    dirs, _ = build_fixture(tmp_path)
+    model = load_model(dirs["base"], "float32").eval()
+    assert {p.data_ptr() % ALIGNMENT for p in model.parameters()} == {0}
+    twin = copy.deepcopy(model)
+    ids = torch.randint(0, 30, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for rows in (ids, ids.repeat(3, 1)):  # one row (MKL's vector path) and a small batch
+            assert torch.equal(model(rows).logits, twin(rows).logits)
+
+
 def test_a_truncated_safetensors_file_is_named_in_the_load_error(tmp_path):
     from workflow_scripts.models.loading import saved_dtype
     from workflow_scripts.models.modeling import load_model
