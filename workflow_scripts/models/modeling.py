@@ -169,10 +169,9 @@ def aligned_storage(model):
     single-row product (a state of the decode, a one-prompt batch) rounds the two differently
     (measured: AMD EPYC, 1 row x (16..512) fp32, every shape). Aligned here, the same weights give the
     same floats however the model was made: a base run's KL to its own copy is exactly 0."""
-    with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            if tensor.device.type == "cpu" and tensor.data_ptr() % ALIGNMENT:
-                tensor.data = tensor.data.clone(memory_format=torch.contiguous_format)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type == "cpu" and tensor.data_ptr() % ALIGNMENT:
+            tensor.data = tensor.data.clone(memory_format=torch.contiguous_format)  # .data: no autograd
     return model
 
 
