@@ -19,9 +19,12 @@ def test_the_record_names_the_kernels_builds_and_threads_of_this_process():
 
 def test_the_report_lists_each_path_once_and_warns_when_records_span_several():
     here = numerics_provenance()
-    avx2 = {**copy.deepcopy(here), "cpu_capability": "AVX2", "cpu_bf16": False}
+    # a CPU path other than this machine's, whichever this machine has (an AVX2 CPU is common)
+    other = ("AVX512", True) if here["cpu_capability"] == "AVX2" else ("AVX2", False)
+    elsewhere = {**copy.deepcopy(here), "cpu_capability": other[0], "cpu_bf16": other[1]}
+    label = f"[{other[0]}, {'native bf16' if other[1] else 'no native bf16'}]"
     one = provenance_section({"base": here, "fp32-s1": here})
     assert one.count(path_label(here)) == 1 and "2: base, fp32-s1" in one and "numerics paths**" not in one
-    two = provenance_section({"base": here, "fp32-s1": avx2, "bf16-s1": None})
-    assert "**3 numerics paths**" in two and "[AVX2, no native bf16]" in two and "not recorded" in two
+    two = provenance_section({"base": here, "fp32-s1": elsewhere, "bf16-s1": None})
+    assert "**3 numerics paths**" in two and label in two and "not recorded" in two
     assert provenance_section({}) == ""

@@ -64,7 +64,8 @@ def canonical(samples: pd.DataFrame, summary: dict, kl: dict) -> list:
 
 
 def merged_outputs(root: Path, dirs: dict[str, Path], data: Path) -> dict[str, list]:
-    """Every case through the merged job (``evaluate.run``)."""
+    """Every case through the merged job (``evaluate.run``), bf16 products on the native path the old
+    rules took (``auto`` is emulated on a CPU without bf16 kernels: another path, other floats)."""
     from workflow_scripts import evaluate
 
     found = {}
@@ -75,7 +76,7 @@ def merged_outputs(root: Path, dirs: dict[str, Path], data: Path) -> dict[str, l
         evaluate.run(model=dirs[policy], base=dirs["base"], data=data, samples_out=files[0],
                      summary_out=files[1], kl_out=files[2], eval_cfg=EVAL_CFG, task_cfg=TASK, run=run,
                      task="t", reference_run=reference_run, reference_dtype=reference_dtype,
-                     base_samples=paired)  # fmt: skip
+                     base_samples=paired, bf16_matmul="native")  # fmt: skip
         summary, kl = (json.loads(f.read_text()) for f in files[1:])
         found[run] = canonical(pd.read_parquet(files[0]), summary, kl)
     return found
