@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from pathlib import Path
 
 PACKAGE = "workflow_scripts."
 
@@ -55,3 +56,17 @@ def before_exit() -> None:
     """Freeze every object left so the interpreter's exit does not walk them all (jobs only)."""
     if is_job_process():
         gc.freeze()
+
+
+def _delegate_if_a_job() -> None:
+    """A Snakemake ``script:`` job of a torch stage runs in the fork server's warm child if one is up
+    (``forkserver``); this process then exits with the child's status and never imports torch."""
+    main = sys.modules.get("__main__")
+    if main is None or "snakemake" not in vars(main) or "__file__" not in vars(main):
+        return
+    from workflow_scripts.runtime import forkserver
+
+    forkserver.delegate(Path(vars(main)["__file__"]).stem)
+
+
+_delegate_if_a_job()

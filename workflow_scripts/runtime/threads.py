@@ -81,10 +81,18 @@ def limit_threads(n: int | None) -> dict:
     return state
 
 
+# The process whose start a job's start-up counts from: this one, or the client of a fork-server child.
+PROCESS_ORIGIN_PID: int | None = None
+
+
 def process_age_s() -> float:
-    """Seconds since this process started (interpreter start-up, imports, everything so far)."""
+    """Seconds since this job's process started (interpreter start-up, imports, everything so far).
+
+    A job forked by the fork server (``forkserver``) counts from its client's start, the process
+    Snakemake started, so its start-up compares with a fresh job's."""
+    pid = PROCESS_ORIGIN_PID or os.getpid()
     try:
-        with open(f"/proc/{os.getpid()}/stat", encoding="ascii") as fh:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
             start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime", encoding="ascii") as fh:
             uptime = float(fh.read().split()[0])
