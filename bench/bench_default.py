@@ -2,10 +2,11 @@
 
 Prints the wall time, per-rule totals read from benchmarks/ (jobs, seconds, the slowest job), and the
 share of the run spent starting processes: every stage that records it logs one line
-``STARTUP {"import_s": .., "load_s": ..}`` (``threads.log_startup``: seconds from process start to the
-stage's first line, and seconds loading models); their sum is set against the summed job seconds and
-against cores x wall time. Jobs without such a line are counted and named by rule, never guessed.
-The load average before and after is printed: the machine may be shared, which slows every job.
+``STARTUP {"import_s": .., "load_s": .., "forked": ..}`` (``threads.log_startup``: seconds from process
+start to the stage's first line, seconds loading models, whether the fork server ran the job); their
+sum is set against the summed job seconds and against cores x wall time. Jobs without such a line are
+counted and named by rule, never guessed. The load average before and after is printed: the machine
+may be shared, which slows every job.
 
 Do not point it at the full default config casually (it is the experiment: 21.5 min on 2 cores, measured);
 a few-step config checks the bench itself, e.g. tests/config.test.yaml.
@@ -63,8 +64,10 @@ def rule_totals(workdir: Path) -> dict[str, dict]:
 
 
 def startup_records(workdir: Path) -> tuple[dict[str, dict], dict[str, int]]:
-    """(rule -> {jobs, import_s, load_s} from STARTUP log lines, rule -> jobs whose log has none)."""
-    found: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "import_s": 0.0, "load_s": 0.0})
+    """(rule -> {jobs, import_s, load_s, forked} from STARTUP log lines, rule -> jobs whose log has none).
+
+    ``forked``: jobs that ran in a child of the fork server (workflow_scripts/runtime/forkserver.py)."""
+    found: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "import_s": 0.0, "load_s": 0.0, "forked": 0})
     missing: dict[str, int] = defaultdict(int)
     for log in sorted((workdir / "logs").rglob("*.log")):
         rule = log.relative_to(workdir / "logs").parts[0]
@@ -76,6 +79,7 @@ def startup_records(workdir: Path) -> tuple[dict[str, dict], dict[str, int]]:
         found[rule]["jobs"] += 1
         found[rule]["import_s"] += float(last["import_s"])
         found[rule]["load_s"] += float(last.get("load_s", 0.0))
+        found[rule]["forked"] += int(bool(last.get("forked")))
     return dict(found), dict(missing)
 
 
@@ -87,7 +91,8 @@ def report(workdir: Path, wall: float, cores: int) -> dict:
     print("|---|---|---|---|---|---|")
     for rule, t in sorted(totals.items(), key=lambda kv: -kv[1]["seconds"]):
         s = starts.get(rule)
-        shown = f"{s['import_s']:.1f} + {s['load_s']:.1f} ({s['jobs']} jobs)" if s else "not recorded"
+        shown = (f"{s['import_s']:.1f} + {s['load_s']:.1f} ({s['jobs']} jobs, {s['forked']} forked)"
+                 if s else "not recorded")  # fmt: skip
         print(f"| {rule} | {t['jobs']} | {t['seconds']:.1f} | {t['seconds'] / t['jobs']:.1f} | "
               f"{t['slowest']} ({t['max_s']:.1f}) | {shown} |")  # fmt: skip
     startup = sum(s["import_s"] + s["load_s"] for s in starts.values())
@@ -100,6 +105,7 @@ def report(workdir: Path, wall: float, cores: int) -> dict:
         "startup_share_of_job_seconds": round(startup / job_seconds, 3) if job_seconds else None,
         "startup_share_of_cores_x_wall": round(startup / (cores * wall), 3) if wall else None,
         "jobs_without_startup_record": missing,
+        "forked_jobs": {rule: s["forked"] for rule, s in starts.items()},
         "per_rule_s": {rule: round(t["seconds"], 1) for rule, t in totals.items()},
     }
     print(f"\nwall {wall:.1f}s on {cores} cores; {summary['jobs']} jobs, {job_seconds:.1f} job-seconds; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -350,6 +351,55 @@ def test_analysis_settings_rerun_only_the_analysis(finished_workflow):
         assert jobs == {"stats": 1, "figures": 1, "report": 1, "all": 1}, jobs
     finally:
         cfg.write_text(original)
+
+
+def _result_fields(path: Path):
+    """What a job computed, without its clock readings and cache keys (they differ between any two runs)."""
+
+    def strip(obj):
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items() if not re.search(r"time|_s$|^s_per_|run_key", k)}
+        return [strip(v) for v in obj] if isinstance(obj, list) else obj
+
+    if path.suffix == ".json":
+        return strip(json.loads(path.read_text()))
+    if path.suffix == ".jsonl":
+        return [strip(json.loads(line)) for line in path.read_text().splitlines()]
+    if path.suffix == ".parquet":
+        frame = pd.read_parquet(path)
+        return frame[[c for c in frame.columns if not re.search(r"time|_s$|^s_per_", c)]].to_dict("list")
+    return path.read_bytes()
+
+
+@pytest.mark.slow
+def test_jobs_the_fork_server_ran_wrote_what_fresh_processes_write(finished_workflow, tmp_path, monkeypatch):
+    """The run's torch jobs ran in children of the fork server (runtime/forkserver.py) once it listened; a
+    forked train job and a forked evaluate job, rerun as fresh processes, write the same files."""
+    import shutil
+
+    from conftest import run_snakemake
+
+    def forked(rule: str) -> list[Path]:
+        logs = sorted((finished_workflow / "logs" / rule).rglob("*.log"))
+        return [log for log in logs if '"forked": true' in log.read_text()]
+
+    train, evaluate = forked("train"), forked("evaluate")
+    assert train and evaluate, "no train or evaluate job ran in the fork server"
+    precision, seed = train[0].parent.name, train[0].stem  # logs/train/<precision>/seed<seed>.log
+    run, task = evaluate[0].parent.name, evaluate[0].stem  # logs/evaluate/<run>/<task>.log
+    train_run = paths.train_dir(precision, seed.removeprefix("seed")) / "run.json"
+    targets = [str(train_run), str(paths.eval_summary(run, task))]
+    wf = tmp_path / "wf"
+    shutil.copytree(finished_workflow, wf, symlinks=True)
+    started = time.time()
+    monkeypatch.setenv("RLVR_FORK_SERVER", "off")
+    proc = run_snakemake(wf, *targets, "--forcerun", "train", "evaluate", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rewritten = [p for p in (wf / "results").rglob("*") if p.is_file() and p.stat().st_mtime > started]
+    assert {str(wf / t) for t in targets} <= {str(p) for p in rewritten}
+    for path in rewritten:
+        original = finished_workflow / path.relative_to(wf)
+        assert _result_fields(path) == _result_fields(original), path.relative_to(wf)
 
 
 # ----------------------------------------------------------------------------- degenerate but legal tables

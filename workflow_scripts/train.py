@@ -57,6 +57,7 @@ from workflow_scripts.runtime.config import load_config, section_hash
 from workflow_scripts.runtime.numerics import numerics_provenance
 from workflow_scripts.runtime.resources import train_processes
 from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.runtime.threads import log_startup, process_age_s
 from workflow_scripts.tasks.rows import read_rows
 from workflow_scripts.training.bf16_matmul import bf16_matmul
 from workflow_scripts.training.bf16_matmul import record as matmul_record
@@ -403,6 +404,7 @@ def run_or_launch(job: dict, processes: int, threads: int = 1, log_path: str | N
 
 
 def from_snakemake(smk) -> None:
+    log_startup(process_age_s())
     job = {
         "train": dict(smk.params.train),
         "precision": smk.wildcards.precision,

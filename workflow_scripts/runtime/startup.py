@@ -16,6 +16,10 @@ workflow_scripts.<stage>``) the collector is switched off. ``smk.main_from`` cal
 before the job's work (what was imported moves to the permanent generation, ``gc.freeze``, and the
 collector runs again as usual, so a long training job collects its own cycles) and ``before_exit()``
 after it. Imported by a test or by Snakemake's own process, this module changes nothing.
+
+Its import is also where a torch stage's Snakemake job hands itself to the fork server
+(``forkserver.delegate``): if a server that imported the same code is listening, the job runs in a
+forked child of it and this process only waits for its exit status, so it never imports torch.
 """
 
 from __future__ import annotations

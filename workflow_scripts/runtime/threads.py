@@ -107,10 +107,14 @@ STARTUP_TAG = "STARTUP"
 
 
 def log_startup(import_s: float, load_s: float = 0.0) -> None:
-    """One log line ``STARTUP {"import_s": .., "load_s": ..}`` that bench/bench_default.py sums over jobs.
+    """One log line ``STARTUP {"import_s": .., "load_s": .., "forked": ..}`` that bench/bench_default.py
+    sums over jobs.
 
     ``import_s``: ``process_age_s()`` when the stage's ``run`` starts (interpreter, Snakemake's
-    preamble, imports); ``load_s``: seconds spent loading models/tokenizers before the work starts."""
+    preamble, imports); ``load_s``: seconds spent loading models/tokenizers before the work starts;
+    ``forked``: the job ran in a child of the fork server (``forkserver``), not as a fresh process."""
     import json
 
-    log.info("%s %s", STARTUP_TAG, json.dumps({"import_s": round(import_s, 3), "load_s": round(load_s, 3)}))
+    forked = PROCESS_ORIGIN_PID is not None
+    record = {"import_s": round(import_s, 3), "load_s": round(load_s, 3), "forked": forked}
+    log.info("%s %s", STARTUP_TAG, json.dumps(record))

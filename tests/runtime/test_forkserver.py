@@ -1,0 +1,184 @@
+"""The fork server runs a job as a fresh process would (argv, cwd, environment, stdio, exit status, the
+same floats), dies with its client, and serves only jobs whose code and environment it imported."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workflow_scripts.runtime import forkserver
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A job script: delegates first (as startup does for a stage's job), then reports where it ran and what
+# it computed with the thread count it was asked for.
+PROBE = """
+import os, sys, time
+sys.path.insert(0, {repo!r})
+from workflow_scripts.runtime import forkserver
+forkserver.delegate("evaluate")
+where = "forked" if forkserver._IN_CHILD else "fresh"
+mode = sys.argv[1]
+if mode == "sleep":
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    time.sleep(120)
+if mode == "raise":
+    raise RuntimeError("the job failed")
+import hashlib, torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # the rule's threads, as limit_threads does
+torch.manual_seed(0)
+a = torch.randn(256, 384)
+b = torch.randn(384, 192).to(torch.bfloat16)
+out = torch.cat([(a @ a.T).flatten(), (a.to(torch.bfloat16)[:, :384] @ b).float().flatten()])
+print(where, os.getcwd(), os.environ.get("PROBE_VALUE"), sys.argv[2:], torch.get_num_threads(),
+      hashlib.sha256(out.numpy().tobytes()).hexdigest())
+print("to stderr", file=sys.stderr)
+sys.exit(int(sys.argv[2]) if mode == "exit" else 0)
+"""
+
+
+@pytest.fixture
+def probe(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE.format(repo=str(REPO)))
+    folder = tmp_path / "sockets"
+    env = {
+        **os.environ,
+        forkserver.DIR_ENV: str(folder),
+        forkserver.IMPORTS_ENV: "torch",  # a server of seconds, not the stages' ~10 s
+        forkserver.IDLE_ENV: "20",
+        "OMP_NUM_THREADS": "1",  # per job: not part of the key
+        "OMP_WAIT_POLICY": "PASSIVE",  # a job that would spin runs fresh (tested below)
+        "PROBE_VALUE": "v1",
+    }
+    env.pop(forkserver.ENABLE_ENV, None)
+    env.pop("SLURM_JOB_ID", None)
+
+    def run(*args: str, cwd: Path = tmp_path, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                              cwd=cwd, env={**env, **extra}, timeout=120)  # fmt: skip
+
+    run.env, run.script, run.folder = env, script, folder
+    yield run
+    for sock in folder.glob("*.sock"):  # stop this test's servers now, not after their idle time
+        sock.unlink()
+
+
+def wait_for_server(folder: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list(folder.glob("*.sock")):
+            return
+        time.sleep(0.2)
+    logs = "".join(p.read_text() for p in folder.glob("*.log"))
+    raise AssertionError(f"no server listened within {timeout} s: {logs}")
+
+
+def test_the_first_job_runs_fresh_and_starts_a_server_the_next_is_forked_as_the_client(probe, tmp_path):
+    first = probe("exit", "0")
+    assert first.returncode == 0 and first.stdout.startswith("fresh"), first.stderr
+    wait_for_server(probe.folder)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    second = probe("exit", "7", cwd=elsewhere)
+    # The child's exit status, cwd, argv and stdio are the client's.
+    assert second.returncode == 7, second.stderr
+    where, cwd, value, argv, threads, _ = second.stdout.split(maxsplit=5)
+    assert (where, cwd, value, argv, threads) == ("forked", str(elsewhere), "v1", "['7']", "1")
+    assert "to stderr" in second.stderr
+
+
+def test_a_forked_job_computes_the_floats_a_fresh_process_computes_at_its_own_thread_count(probe):
+    probe("exit", "0")
+    wait_for_server(probe.folder)
+    for threads in ("1", "2"):
+        fresh = probe("exit", "0", **{forkserver.ENABLE_ENV: "off", "OMP_NUM_THREADS": threads})
+        forked = probe("exit", "0", OMP_NUM_THREADS=threads)
+        assert fresh.stdout.startswith("fresh") and forked.stdout.startswith("forked"), forked.stderr
+        # same thread count in torch's pool, same digest of fp32 and bf16 products
+        assert fresh.stdout.split()[-2:] == forked.stdout.split()[-2:] == [threads, fresh.stdout.split()[-1]]
+
+
+def test_an_exception_in_a_forked_job_prints_its_traceback_and_exits_1(probe):
+    probe("exit", "0")
+    wait_for_server(probe.folder)
+    proc = probe("raise")
+    assert proc.returncode == 1
+    assert "RuntimeError: the job failed" in proc.stderr and "Traceback" in proc.stderr
+
+
+def test_a_forked_job_ends_when_its_client_is_killed(probe, tmp_path):
+    probe("exit", "0")
+    wait_for_server(probe.folder)
+    pid_file = tmp_path / "child.pid"
+    client = subprocess.Popen([sys.executable, str(probe.script), "sleep", str(pid_file)], env=probe.env,
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and client.poll() is None
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    assert child != client.pid  # it runs in the server's child
+    client.send_signal(signal.SIGKILL)  # what Snakemake does to a cancelled job
+    client.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and _state(child) != "Z":
+        assert time.monotonic() < deadline, "the forked job outlived its client"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a job spins only when its threads cover >1 CPU")
+def test_a_job_that_would_spin_runs_fresh_and_starts_no_server(probe):
+    cpus = str(len(os.sched_getaffinity(0)))
+    env_policy = {k: v for k, v in probe.env.items() if k != "OMP_WAIT_POLICY"}
+    proc = subprocess.run([sys.executable, str(probe.script), "exit", "0"], capture_output=True, text=True,
+                          env={**env_policy, "OMP_NUM_THREADS": cpus}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("fresh"), proc.stderr
+    time.sleep(1.0)
+    assert not list(probe.folder.glob("*.log"))  # no server was started for it
+
+
+def test_the_key_changes_with_code_and_environment_but_not_with_a_jobs_threads(tmp_path):
+    package = tmp_path / "workflow_scripts"
+    shutil.copytree(REPO / "workflow_scripts", package, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin"}
+    key = forkserver.server_key(env, package)
+    same = {**env, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "PYTEST_CURRENT_TEST": "x"}
+    assert forkserver.server_key(same, package) == key
+    assert forkserver.server_key({**env, "HF_HUB_OFFLINE": "0"}, package) != key
+    assert forkserver.server_key({**env, "OMP_WAIT_POLICY": "ACTIVE"}, package) != key
+    schema = package / "schemas" / "config.schema.yaml"
+    schema.write_text(schema.read_text() + "\n")  # any file of the package, not only its .py
+    assert forkserver.server_key(env, package) != key
+
+
+def test_the_server_is_off_when_switched_off_or_under_slurm():
+    assert forkserver.enabled({})
+    assert not forkserver.enabled({forkserver.ENABLE_ENV: "off"})
+    assert not forkserver.enabled({forkserver.ENABLE_ENV: "0"})
+    assert not forkserver.enabled({"SLURM_JOB_ID": "123"})
+
+
+def test_a_socket_folder_other_users_can_enter_is_not_used(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    monkeypatch.setenv(forkserver.DIR_ENV, str(shared))
+    assert forkserver.socket_dir() is None
+    monkeypatch.setenv(forkserver.DIR_ENV, str(tmp_path / "private"))
+    assert forkserver.socket_dir() == tmp_path / "private"
+    assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
