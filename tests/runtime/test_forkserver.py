@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,7 +49,8 @@ sys.exit(int(sys.argv[2]) if mode == "exit" else 0)
 def probe(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE.format(repo=str(REPO)))
-    folder = tmp_path / "sockets"
+    # a short folder: pytest's tmp paths can be longer than a Unix socket's path may be
+    folder = Path(tempfile.mkdtemp(prefix="fs-")) / "s"
     env = {
         **os.environ,
         forkserver.DIR_ENV: str(folder),
@@ -69,6 +71,8 @@ def probe(tmp_path):
     yield run
     for sock in folder.glob("*.sock"):  # stop this test's servers now, not after their idle time
         sock.unlink()
+    time.sleep(1.5)  # a server checks its socket every second
+    shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 def wait_for_server(folder: Path, timeout: float = 90.0) -> None:
@@ -166,11 +170,21 @@ def test_the_key_changes_with_code_and_environment_but_not_with_a_jobs_threads(t
     assert forkserver.server_key(env, package) != key
 
 
-def test_the_server_is_off_when_switched_off_or_under_slurm():
-    assert forkserver.enabled({})
-    assert not forkserver.enabled({forkserver.ENABLE_ENV: "off"})
-    assert not forkserver.enabled({forkserver.ENABLE_ENV: "0"})
-    assert not forkserver.enabled({"SLURM_JOB_ID": "123"})
+def test_the_server_is_off_when_switched_off_under_slurm_or_beside_a_gpu_driver(tmp_path):
+    none = (str(tmp_path / "no-such-device"),)
+    assert forkserver.enabled({}, none)
+    assert not forkserver.enabled({forkserver.ENABLE_ENV: "off"}, none)
+    assert not forkserver.enabled({forkserver.ENABLE_ENV: "0"}, none)
+    assert not forkserver.enabled({"SLURM_JOB_ID": "123"}, none)
+    driver = tmp_path / "nvidiactl"
+    driver.touch()
+    assert not forkserver.enabled({}, (str(driver),))
+    assert forkserver.enabled({forkserver.ENABLE_ENV: "on"}, (str(driver),))
+
+
+def test_a_socket_folder_too_deep_for_a_unix_socket_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv(forkserver.DIR_ENV, str(tmp_path / ("d" * 100)))
+    assert forkserver.socket_dir() is None  # the job runs as a fresh process
 
 
 def test_a_socket_folder_other_users_can_enter_is_not_used(tmp_path, monkeypatch):
@@ -179,6 +193,8 @@ def test_a_socket_folder_other_users_can_enter_is_not_used(tmp_path, monkeypatch
     shared.chmod(0o755)
     monkeypatch.setenv(forkserver.DIR_ENV, str(shared))
     assert forkserver.socket_dir() is None
-    monkeypatch.setenv(forkserver.DIR_ENV, str(tmp_path / "private"))
-    assert forkserver.socket_dir() == tmp_path / "private"
-    assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
+    private = Path(tempfile.mkdtemp(prefix="fs-")) / "p"
+    monkeypatch.setenv(forkserver.DIR_ENV, str(private))
+    assert forkserver.socket_dir() == private
+    assert private.stat().st_mode & 0o777 == 0o700
+    shutil.rmtree(private.parent)

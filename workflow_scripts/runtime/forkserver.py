@@ -30,14 +30,19 @@ What stays as in a fresh process, and why:
   spin (its threads cover every CPU: the warm start alone on the machine) runs as a fresh process.
   Outputs are byte-identical either way (tests/runtime/test_forkserver.py).
 - Plain processes where a server cannot help or be trusted: ``RLVR_FORK_SERVER=off``; under SLURM
-  (``SLURM_JOB_ID``: one job per allocation, and the allocation's end would kill the server); where the
-  socket folder is not private to this user or the platform has no ``os.fork``/Unix sockets.
+  (``SLURM_JOB_ID``: one job per allocation, and the allocation's end would kill the server); on a
+  machine with a GPU driver (``GPU_DEVICE_FILES``; CUDA initialised before a fork is unusable in the
+  child, and this was never tried on a GPU: ``RLVR_FORK_SERVER=on`` forces it); where the socket folder
+  is not private to this user or the platform has no ``os.fork``/Unix sockets.
 
 What a job's record loses: Snakemake's ``benchmark:`` measures the client (its max_rss and cpu_time are
 the client's, not the forked child's); ``s`` (wall seconds) is exact. The job's ``STARTUP`` line counts
 from the client's start (``threads.process_age_s``), so start-up figures stay comparable.
 
 A server exits after ``RLVR_FORK_SERVER_IDLE_S`` seconds (default 60) with no job running.
+
+Long on purpose: the client, the server and the forked child speak one small wire protocol (a length,
+a JSON request and three descriptors; a start byte; a status), which is easier to check in one file.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ import threading
 import time
 from pathlib import Path
 
-ENABLE_ENV = "RLVR_FORK_SERVER"  # "off" / "0" / "false": every job is a fresh process
+ENABLE_ENV = "RLVR_FORK_SERVER"  # "off" / "0" / "false": every job is a fresh process; "on": also on GPUs
 DIR_ENV = "RLVR_FORK_SERVER_DIR"  # where sockets live (default: a private folder in the temp dir)
 IDLE_ENV = "RLVR_FORK_SERVER_IDLE_S"
 IMPORTS_ENV = "RLVR_FORK_SERVER_IMPORTS"  # modules the server imports (default: the torch stages)
@@ -77,8 +82,12 @@ VOLATILE_ENV = frozenset({
     "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
     "OLDPWD", "PWD", "SHLVL", "_",
 })  # fmt: skip
+# A GPU driver's device files: CUDA (or ROCm) initialised by an import in the server could not be used in a
+# forked child, and no GPU was at hand to prove the server safe there, so GPU machines run fresh jobs.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")
 LIMITS = ("RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_STACK")
 STARTED, STATUS = b"S", struct.Struct("!i")
+MAX_SOCKET_PATH = 104  # sun_path: 108 bytes on Linux, 104 on macOS, the terminating NUL included
 HEADER = struct.Struct("!I")
 ACK_TIMEOUT_S = 30.0
 
@@ -147,14 +156,18 @@ def socket_dir() -> Path | None:
         return None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         return None
+    if len(os.fsencode(path / f"{'0' * 24}.{'9' * 10}.tmp")) >= MAX_SOCKET_PATH:
+        return None  # a Unix socket's path must fit sun_path
     return path
 
 
-def enabled(env: dict[str, str] | None = None) -> bool:
+def enabled(env: dict[str, str] | None = None, gpu_files: tuple[str, ...] = GPU_DEVICE_FILES) -> bool:
+    """Off when switched off, under SLURM, or (unless switched ``on``) where a GPU driver is present."""
     env = os.environ if env is None else env
-    if env.get(ENABLE_ENV, "").strip().lower() in {"off", "0", "false", "no"}:
+    switch = env.get(ENABLE_ENV, "").strip().lower()
+    if switch in {"off", "0", "false", "no"} or env.get("SLURM_JOB_ID"):
         return False
-    if env.get("SLURM_JOB_ID"):
+    if switch != "on" and any(os.path.exists(path) for path in gpu_files):
         return False
     return hasattr(os, "fork") and hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds")
 
@@ -318,14 +331,12 @@ class Server:
         except OSError:
             return 0  # another server holds this key
         t0 = time.monotonic()
-        _import_stages()
-        from workflow_scripts.runtime import startup
-
-        startup.imports_done()
+        _import_stages()  # with the collector paused: run with -m, this is a job process to `startup`
         import gc
 
         gc.collect()
         gc.freeze()  # children neither walk nor copy what the imports built
+        gc.enable()
         if unsafe := _unsafe_threads():  # a fork would lose those threads' state: serve nothing
             log.error("forkserver: threads %s after imports; not serving", unsafe)
             return 1
