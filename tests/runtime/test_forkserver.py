@@ -41,6 +41,8 @@ out = torch.cat([(a @ a.T).flatten(), (a.to(torch.bfloat16)[:, :384] @ b).float(
 print(where, os.getcwd(), os.environ.get("PROBE_VALUE"), sys.argv[2:], torch.get_num_threads(),
       hashlib.sha256(out.numpy().tobytes()).hexdigest())
 print("to stderr", file=sys.stderr)
+import logging
+print("root logger", logging.getLogger().level, len(logging.getLogger().handlers), file=sys.stderr)
 sys.exit(int(sys.argv[2]) if mode == "exit" else 0)
 """
 
@@ -97,6 +99,7 @@ def test_the_first_job_runs_fresh_and_starts_a_server_the_next_is_forked_as_the_
     where, cwd, value, argv, threads, _ = second.stdout.split(maxsplit=5)
     assert (where, cwd, value, argv, threads) == ("forked", str(elsewhere), "v1", "['7']", "1")
     assert "to stderr" in second.stderr
+    assert "root logger 30 0" in second.stderr  # logging as a fresh interpreter has it, not the server's
 
 
 def test_a_forked_job_computes_the_floats_a_fresh_process_computes_at_its_own_thread_count(probe):

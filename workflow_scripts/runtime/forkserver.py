@@ -469,6 +469,10 @@ def _child(conn: socket.socket, request: dict, fds: list[int], closing: list, wa
         os.environ.update(request["env"])
         sys.argv[:] = request["argv"]
         sys.path[:] = request["path"]
+        # logging as a fresh interpreter has it: the server's handler (its log file) is not the job's
+        for handler in list(logging.root.handlers):
+            logging.root.removeHandler(handler)
+        logging.root.setLevel(logging.WARNING)
         from workflow_scripts.runtime import threads
 
         threads.PROCESS_ORIGIN_PID = int(request["pid"])  # start-up counts from the client's start
