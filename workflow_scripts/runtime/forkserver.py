@@ -119,7 +119,9 @@ def key_environment(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k not in VOLATILE_ENV}
 
 
-def server_key(env: dict[str, str] | None = None, package_dir: Path | None = None) -> str:
+def server_key(
+    env: dict[str, str] | None = None, package_dir: Path | None = None, code: str | None = None
+) -> str:
     """The identity of a server that may run this process's job (see the module docstring)."""
     import resource
 
@@ -135,7 +137,7 @@ def server_key(env: dict[str, str] | None = None, package_dir: Path | None = Non
         "executable": sys.executable,
         "version": sys.version,
         "package": str(package_dir),
-        "code": code_hash(package_dir),
+        "code": code or code_hash(package_dir),
         "installed": install_stamps,
         "env": key_environment(env),
         "affinity": sorted(os.sched_getaffinity(0)),
@@ -189,14 +191,16 @@ def delegate(stage: str) -> None:
     folder = socket_dir()
     if folder is None:
         return
-    key = server_key()
+    package = _package_dir()
+    code = code_hash(package)  # read once: the key and a new server's check both use it
+    key = server_key(package_dir=package, code=code)
     sock_path = folder / f"{key}.sock"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(sock_path))
     except OSError:
         conn.close()
-        _start_server(folder, key)
+        _start_server(folder, key, package, code)
         return
     status = _run_remote(conn)
     if status is None:
@@ -266,13 +270,13 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
     return data
 
 
-def _start_server(folder: Path, key: str) -> None:
+def _start_server(folder: Path, key: str, package: Path, code: str) -> None:
     """Start a server for ``key`` in the background (it exits at once if another one holds the key)."""
     logfile = folder / f"{key}.log"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(_package_dir().parent), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(package.parent), *filter(None, [env.get("PYTHONPATH")])])
     cmd = [sys.executable, "-m", "workflow_scripts.runtime.forkserver", "--key", key, "--dir", str(folder),
-           "--package", str(_package_dir()), "--code", code_hash(_package_dir())]  # fmt: skip
+           "--package", str(package), "--code", code]  # fmt: skip
     with open(logfile, "ab") as out:
         subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -413,8 +417,8 @@ class Server:
             return
         pid = os.fork()
         if pid == 0:
-            others = [c for c in self.children.values()]
-            _child(conn, request, fds, closing=[listener, *others], wake=wake)  # never returns
+            # never returns; the child keeps no other job's socket open
+            _child(conn, request, fds, closing=[listener, *self.children.values()], wake=wake)
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
