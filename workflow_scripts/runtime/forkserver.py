@@ -1,11 +1,11 @@
-"""A warm interpreter for a workflow's jobs: torch, transformers and the torch stages imported once, each
-job forked from it instead of importing them again.
+"""A warm interpreter for a workflow's jobs: torch, transformers and the stages imported once, each job
+forked from it instead of importing them again (the torch stages; the others' one-thread jobs).
 
 Why: a torch job's fixed cost is its imports, not its work. On a 2-core AVX2 AMD EPYC the default's 130
 evaluate jobs spent 9.3 s each starting (1210 of 1922 job seconds) and start-up was 37% of all job seconds
 (README, "Where the time goes"). Forking a process that has already imported costs ~0.1 s.
 
-How a job runs through it (``delegate``, called by ``startup`` as a torch stage's ``script:`` job starts):
+How a job runs through it (``delegate``, called by ``startup`` as a stage's ``script:`` job starts):
 
 | step | who    | what                                                                              |
 |------|--------|-----------------------------------------------------------------------------------|
@@ -71,10 +71,16 @@ from pathlib import Path
 ENABLE_ENV = "RLVR_FORK_SERVER"  # "off" / "0" / "false": every job is a fresh process; "on": also on GPUs
 DIR_ENV = "RLVR_FORK_SERVER_DIR"  # where sockets live (default: a private folder in the temp dir)
 IDLE_ENV = "RLVR_FORK_SERVER_IDLE_S"
-IMPORTS_ENV = "RLVR_FORK_SERVER_IMPORTS"  # modules the server imports (default: the torch stages)
+IMPORTS_ENV = "RLVR_FORK_SERVER_IMPORTS"  # modules the server imports (default: the stages)
 DEFAULT_IDLE_S = 60.0
 # Stages whose jobs import torch: the server imports them all, so one server serves every such job.
 STAGES = ("evaluate", "train", "sparsity", "overlap", "base_model")
+# Stages without torch (pandas, scipy, statsmodels, matplotlib: 1-4 s of imports for ~1 s of work). Their
+# arithmetic is numpy's BLAS, whose thread pool is sized once, when it loads: in the server that is one
+# thread (a server with BLAS threads refuses to serve), so only their one-thread jobs (the default) fork.
+# They use a listening server but never start one: prepare_data's jobs come first, and a server importing
+# beside the warm start (which spins on every core) would slow it down.
+ONE_THREAD_STAGES = ("prepare_data", "aggregate", "stats", "figures", "report")
 # Per-job or bookkeeping variables: not part of the key (the child gets the client's own values).
 VOLATILE_ENV = frozenset({
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
@@ -181,8 +187,11 @@ def delegate(stage: str) -> None:
     """Run this job in a warm child of the server and exit with its status; return to run it here instead.
 
     Returns (the caller then imports and runs as a fresh process) when the server is off, cannot serve
-    this job (a spinning wait policy, another stage), or is not listening yet (then one is started)."""
-    if stage not in STAGES or _IN_CHILD or not enabled():
+    this job (a spinning wait policy, another stage, a stage without torch on several threads), or is not
+    listening yet (then a torch stage's job starts one)."""
+    if stage not in STAGES + ONE_THREAD_STAGES or _IN_CHILD or not enabled():
+        return
+    if stage in ONE_THREAD_STAGES and os.environ.get("OMP_NUM_THREADS") != "1":
         return
     from workflow_scripts.runtime import threads  # torch-free; sets the passive wait as a fresh job would
 
@@ -200,7 +209,8 @@ def delegate(stage: str) -> None:
         conn.connect(str(sock_path))
     except OSError:
         conn.close()
-        _start_server(folder, key, package, code)
+        if stage in STAGES:  # not the others: the workflow's first jobs would start it beside the warm start
+            _start_server(folder, key, package, code)
         return
     status = _run_remote(conn)
     if status is None:
@@ -306,14 +316,14 @@ def _unsafe_threads() -> list[str]:
 
 
 def _import_stages() -> None:
-    """The preamble's imports and every torch stage (``RLVR_FORK_SERVER_IMPORTS``: other modules, tests)."""
+    """The preamble's imports and every stage served (``RLVR_FORK_SERVER_IMPORTS``: other modules, tests)."""
     import importlib
 
     import snakemake.iocontainers
     import snakemake.logging  # noqa: F401
 
     names = os.environ.get(IMPORTS_ENV)
-    default = [f"workflow_scripts.{stage}" for stage in STAGES]
+    default = [f"workflow_scripts.{stage}" for stage in STAGES + ONE_THREAD_STAGES]
     modules = [m for m in names.split(",") if m] if names is not None else default
     for module in modules:
         importlib.import_module(module)

@@ -17,7 +17,7 @@ before the job's work (what was imported moves to the permanent generation, ``gc
 collector runs again as usual, so a long training job collects its own cycles) and ``before_exit()``
 after it. Imported by a test or by Snakemake's own process, this module changes nothing.
 
-Its import is also where a torch stage's Snakemake job hands itself to the fork server
+Its import is also where a stage's Snakemake job hands itself to the fork server
 (``forkserver.delegate``): if a server that imported the same code is listening, the job runs in a
 forked child of it and this process only waits for its exit status, so it never imports torch.
 """
@@ -63,7 +63,7 @@ def before_exit() -> None:
 
 
 def _delegate_if_a_job() -> None:
-    """A Snakemake ``script:`` job of a torch stage runs in the fork server's warm child if one is up
+    """A Snakemake ``script:`` job of a stage runs in the fork server's warm child if one is up
     (``forkserver``); this process then exits with the child's status and never imports torch."""
     main = sys.modules.get("__main__")
     if main is None or "snakemake" not in vars(main) or "__file__" not in vars(main):

@@ -164,11 +164,22 @@ def loglik_grid(W: np.ndarray, df: int, v: np.ndarray, grid: Grid, floor: float)
 
 
 def whole_loglik_grid(W: np.ndarray, df: int, v: np.ndarray, grid: Grid, floor: float) -> np.ndarray:
-    """REML log-likelihood on the (V, rho) grid: (..., G_sig, G_rho), sigma2 = rho V, tau2 = (1 - rho) V."""
+    """REML log-likelihood on the (V, rho) grid: (..., G_sig, G_rho), sigma2 = rho V, tau2 = (1 - rho) V.
+
+    ``_ll`` is linear in W: ll = k + vec(W) K with k and K fixed by the grid, so the many scatters of the
+    bootstrap, permutation and power simulations cost one matrix product (no per-scatter temporaries)."""
     rho = grid.fractions(v.size)
     sig = (grid.sig[:, None] * rho[None, :]).ravel()
     tau = (grid.sig[:, None] * (1.0 - rho[None, :])).ravel()
-    ll = _ll(sig, *_tau_sums(W, v, tau, floor), df)
+    d = np.maximum(tau[:, None] + v[None, :], floor)  # (G, T)
+    w = 1.0 / d
+    t = v.size
+    q = 1.0 + sig * w.sum(axis=1)
+    k = -0.5 * df * (np.log(d).sum(axis=1) + np.log(q))  # (G,)
+    K = 0.5 * (sig / q)[:, None, None] * (w[:, :, None] * w[:, None, :])  # (G, T, T): the b term
+    K[:, np.arange(t), np.arange(t)] -= 0.5 * w  # the c term: -0.5 sum_t W_tt / d_t
+    ll = W.reshape(*W.shape[:-2], t * t) @ K.reshape(-1, t * t).T
+    ll += k
     return ll.reshape(*ll.shape[:-1], grid.sig.size, rho.size)
 
 
