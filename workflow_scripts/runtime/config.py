@@ -208,8 +208,11 @@ _Validator = _with_defaults(jsonschema.Draft7Validator)
 
 
 def load_schema() -> dict:
+    """The schema (every Snakemake start reads it): libyaml's safe loader where PyYAML has it, ~10x faster
+    than the pure-Python one on this 680-line file, same tree."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(SCHEMA_PATH, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+        return yaml.load(fh, Loader=loader)
 
 
 def schema_defaults(*keys: str) -> Any:
