@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ("Snakefile", "rules", "workflow_scripts", "scripts", "envs", "report", "profiles", "data")
 STARTUP = re.compile(r"STARTUP (\{.*\})")
+USAGE = re.compile(r"USAGE (\{.*\})")
 
 
 def fresh_copy(dest: Path, config: Path) -> Path:
@@ -83,6 +84,17 @@ def startup_records(workdir: Path) -> tuple[dict[str, dict], dict[str, int]]:
     return dict(found), dict(missing)
 
 
+def job_cpu_seconds(workdir: Path) -> dict[str, float]:
+    """rule -> CPU seconds of its jobs, from their USAGE log lines (``threads.log_usage``: the job's own
+    process, also where the fork server ran it and Snakemake's benchmark measured only the client)."""
+    cpu: dict[str, float] = defaultdict(float)
+    for log in sorted((workdir / "logs").rglob("*.log")):
+        records = [json.loads(m.group(1)) for m in USAGE.finditer(log.read_text(errors="replace"))]
+        if records:
+            cpu[log.relative_to(workdir / "logs").parts[0]] += float(records[-1]["cpu_s"])
+    return dict(cpu)
+
+
 def report(workdir: Path, wall: float, cores: int) -> dict:
     totals = rule_totals(workdir)
     starts, missing = startup_records(workdir)
@@ -96,6 +108,7 @@ def report(workdir: Path, wall: float, cores: int) -> dict:
         print(f"| {rule} | {t['jobs']} | {t['seconds']:.1f} | {t['seconds'] / t['jobs']:.1f} | "
               f"{t['slowest']} ({t['max_s']:.1f}) | {shown} |")  # fmt: skip
     startup = sum(s["import_s"] + s["load_s"] for s in starts.values())
+    cpu = job_cpu_seconds(workdir)
     summary = {
         "wall_s": round(wall, 1),
         "cores": cores,
@@ -107,10 +120,14 @@ def report(workdir: Path, wall: float, cores: int) -> dict:
         "jobs_without_startup_record": missing,
         "forked_jobs": {rule: s["forked"] for rule, s in starts.items()},
         "per_rule_s": {rule: round(t["seconds"], 1) for rule, t in totals.items()},
+        "job_cpu_s": round(sum(cpu.values()), 1),
+        "per_rule_cpu_s": {rule: round(c, 1) for rule, c in cpu.items()},
+        "cpu_share_of_cores_x_wall": round(sum(cpu.values()) / (cores * wall), 3) if wall else None,
     }
     print(f"\nwall {wall:.1f}s on {cores} cores; {summary['jobs']} jobs, {job_seconds:.1f} job-seconds; "
           f"start-up (import + model load) {startup:.1f}s = {summary['startup_share_of_job_seconds']} of "
-          f"job-seconds, {summary['startup_share_of_cores_x_wall']} of cores x wall")  # fmt: skip
+          f"job-seconds, {summary['startup_share_of_cores_x_wall']} of cores x wall; jobs' own CPU "
+          f"{summary['job_cpu_s']}s = {summary['cpu_share_of_cores_x_wall']} of cores x wall")  # fmt: skip
     if missing:
         print(f"jobs without a STARTUP record (not counted): {missing}")
     return summary

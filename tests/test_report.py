@@ -386,6 +386,11 @@ def test_jobs_the_fork_server_ran_wrote_what_fresh_processes_write(finished_work
     train, evaluate = forked("train"), forked("evaluate")
     assert train and evaluate, "no train or evaluate job ran in the fork server"
     assert all(forked(rule) for rule in ("aggregate", "stats", "figures", "report")), "analysis ran fresh"
+    # a forked job records its own CPU and memory (Snakemake's benchmark: measured the waiting client)
+    usage = json.loads(re.findall(r"USAGE (\{.*\})", train[0].read_text())[-1])
+    client_cpu = pd.read_csv(finished_workflow / "benchmarks" / "train" / train[0].parent.name /
+                             f"{train[0].stem}.tsv", sep="\t")["cpu_time"].iloc[0]  # fmt: skip
+    assert usage["forked"] is True and usage["cpu_s"] > 2 * client_cpu and usage["max_rss_mb"] > 100, usage
     precision, seed = train[0].parent.name, train[0].stem  # logs/train/<precision>/seed<seed>.log
     run, task = evaluate[0].parent.name, evaluate[0].stem  # logs/evaluate/<run>/<task>.log
     train_run = paths.train_dir(precision, seed.removeprefix("seed")) / "run.json"
@@ -405,6 +410,10 @@ def test_jobs_the_fork_server_ran_wrote_what_fresh_processes_write(finished_work
 
     rerun_fresh(["results/analysis/stats.json", "results/analysis/report.md"], "aggregate")  # and downstream
     rerun_fresh([str(train_run), str(paths.eval_summary(run, task))], "train", "evaluate")
+    fresh = json.loads(
+        re.findall(r"USAGE (\{.*\})", (wf / train[0].relative_to(finished_workflow)).read_text())[-1]
+    )
+    assert fresh["forked"] is False and fresh["cpu_s"] > 0, fresh
 
 
 # ----------------------------------------------------------------------------- degenerate but legal tables

@@ -103,6 +103,32 @@ def process_age_s() -> float:
         return max(0.0, time.time() - psutil.Process().create_time())
 
 
+USAGE_TAG = "USAGE"
+
+
+def log_usage() -> None:
+    """One log line ``USAGE {"cpu_s": .., "max_rss_mb": .., "forked": ..}`` at a job's end: this process's
+    CPU seconds (user + system, its reaped children included) and peak resident memory.
+
+    Snakemake's ``benchmark:`` measures the process it started; for a job the fork server ran
+    (``forkserver``) that is the waiting client, so this line is where such a job's own CPU time and
+    memory are recorded. A forked child's counters start at the fork; its peak memory includes the pages
+    it shares with the server (torch and every stage it imported), as a fresh job's includes its own
+    imports."""
+    import json
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    peak_kb = max(own.ru_maxrss, kids.ru_maxrss)  # kilobytes on Linux
+    record = {
+        "cpu_s": round(cpu, 3),
+        "max_rss_mb": round(peak_kb / 1024, 1),
+        "forked": PROCESS_ORIGIN_PID is not None,
+    }
+    log.info("%s %s", USAGE_TAG, json.dumps(record))
+
+
 STARTUP_TAG = "STARTUP"
 
 
