@@ -120,7 +120,7 @@ def log_usage() -> None:
 
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-    peak_kb = max(own.ru_maxrss, kids.ru_maxrss)  # kilobytes on Linux
+    peak_kb = max(own.ru_maxrss, kids.ru_maxrss) / (1024 if sys.platform == "darwin" else 1)  # bytes there
     record = {
         "cpu_s": round(cpu, 3),
         "max_rss_mb": round(peak_kb / 1024, 1),
