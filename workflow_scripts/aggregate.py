@@ -79,7 +79,6 @@ from workflow_scripts.measures.aggregate_inputs import (
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_parquet
 from workflow_scripts.runtime.smk import main_from, parse_pairs
-from workflow_scripts.runtime.threads import log_startup, process_age_s
 from workflow_scripts.tasks.rows import read_parquet
 
 log = logging.getLogger("aggregate")
@@ -322,7 +321,6 @@ def run(
 
 
 def from_snakemake(smk: Any) -> None:
-    log_startup(process_age_s())  # a fresh process or a fork-server child: bench_default sums these
     inp, out = smk.input, smk.output
     run(
         evals=list(inp.evals),

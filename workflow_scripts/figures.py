@@ -43,7 +43,6 @@ from workflow_scripts.plots.variance_plots import plot_variance_components, plot
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import atomic_path
 from workflow_scripts.runtime.smk import main_from, parse_pairs
-from workflow_scripts.runtime.threads import log_startup, process_age_s
 from workflow_scripts.tasks.rows import read_json, read_parquet
 
 # training-curve panels: column, title, rows used (generation steps for rollout statistics), smoothed
@@ -189,7 +188,6 @@ def run(
 
 
 def from_snakemake(smk: Any) -> None:
-    log_startup(process_age_s())  # a fresh process or a fork-server child: bench_default sums these
     inp = smk.input
     run(
         metrics=inp.metrics,

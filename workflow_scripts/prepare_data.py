@@ -18,7 +18,6 @@ from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_json
 from workflow_scripts.runtime.config import load_config, section_hash
 from workflow_scripts.runtime.smk import main_from
-from workflow_scripts.runtime.threads import log_startup, process_age_s
 from workflow_scripts.tasks import synthetic
 from workflow_scripts.tasks.real_datasets import load_dataset_rows
 from workflow_scripts.tasks.rows import Row, read_rows, write_rows
@@ -125,7 +124,6 @@ def run(data: dict, out: str | Path, tasks: list[str] | None = None, train: bool
 
 def from_snakemake(smk) -> None:
     """prepare_eval: one task's eval set; prepare_train: the training side (rules/prepare_data.smk)."""
-    log_startup(process_age_s())  # a fresh process or a fork-server child: bench_default sums these
     if smk.rule == "prepare_eval":
         out = Path(smk.output.eval).parent.parent
         run(dict(smk.params.data), out, tasks=[smk.wildcards.task], train=False)

@@ -33,7 +33,6 @@ from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_text
 from workflow_scripts.runtime.numerics import provenance_section
 from workflow_scripts.runtime.smk import main_from, parse_pairs
-from workflow_scripts.runtime.threads import log_startup, process_age_s
 from workflow_scripts.statistics.noise_floor import without_repeats
 from workflow_scripts.statistics.report_tables import (
     components_section,
@@ -412,7 +411,6 @@ def run(
 
 
 def from_snakemake(smk: Any) -> None:
-    log_startup(process_age_s())  # a fresh process or a fork-server child: bench_default sums these
     figures = dict(zip(smk.params.figures, smk.input.figures, strict=True))
     run(
         stats=smk.input.stats,

@@ -46,7 +46,6 @@ import pandas as pd
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_text
 from workflow_scripts.runtime.smk import main_from
-from workflow_scripts.runtime.threads import log_startup, process_age_s
 from workflow_scripts.statistics import noise_floor as nf
 from workflow_scripts.statistics import scopes as sc
 from workflow_scripts.statistics import verdicts as vd
@@ -326,7 +325,6 @@ def run(
 
 
 def from_snakemake(smk: Any) -> None:
-    log_startup(process_age_s())  # a fresh process or a fork-server child: bench_default sums these
     run(
         metrics=smk.input.metrics,
         out=smk.output.stats,

@@ -71,16 +71,19 @@ def main_from(namespace: Mapping[str, Any], argv: Sequence[str] | None = None) -
     try:
         if smk is None:
             sys.exit(module.main(list(sys.argv[1:] if argv is None else argv)))
+        from workflow_scripts.runtime import threads
         from workflow_scripts.runtime.gpu_slots import gpu_slot
-        from workflow_scripts.runtime.threads import limit_threads, log_usage
 
         log = smk.log[0] if len(smk.log) else None
         with rule_logging(log), gpu_slot(smk.resources.get("gpu", 0)):
-            limit_threads(smk.threads)
+            threads.limit_threads(smk.threads)
+            started_s = threads.process_age_s()
             try:
                 module.from_snakemake(smk)
             finally:
-                log_usage()  # the job's own CPU and memory (benchmark: measures a forked job's client)
+                if not threads.STARTUP_LOGGED:  # a stage without models: its start-up is its imports
+                    threads.log_startup(started_s)
+                threads.log_usage()  # its own CPU and memory (benchmark: measures a forked job's client)
     finally:
         startup.before_exit()
 

@@ -130,6 +130,7 @@ def log_usage() -> None:
 
 
 STARTUP_TAG = "STARTUP"
+STARTUP_LOGGED = False  # a stage that loads models logs its own line; smk.main_from logs the others'
 
 
 def log_startup(import_s: float, load_s: float = 0.0) -> None:
@@ -141,6 +142,8 @@ def log_startup(import_s: float, load_s: float = 0.0) -> None:
     ``forked``: the job ran in a child of the fork server (``forkserver``), not as a fresh process."""
     import json
 
+    global STARTUP_LOGGED
     forked = PROCESS_ORIGIN_PID is not None
     record = {"import_s": round(import_s, 3), "load_s": round(load_s, 3), "forked": forked}
     log.info("%s %s", STARTUP_TAG, json.dumps(record))
+    STARTUP_LOGGED = True
