@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from conftest import TEST_CONFIG, load_test_config
 
 from workflow_scripts import base_model
@@ -47,7 +48,12 @@ def test_batches_hold_the_ids_of_one_call_per_text(kind):
     near_miss = {"rate": 0.5, "kinds": ["no_stop"], "families": ["add_sub"]}
     seen = set()
     for ids, mask, labels in base_model.sft_batches(rows, tok, 8, 40, 0, near_miss):
+        assert ids.dtype == mask.dtype == labels.dtype == torch.long
+        assert ids.shape == mask.shape == labels.shape
         for seq_ids, seq_mask, seq_labels in zip(ids.tolist(), mask.tolist(), labels.tolist(), strict=True):
+            assert seq_mask == sorted(seq_mask) and seq_mask[-1] == 1  # left padding, as generate() pads
+            padded = [(t, y) for t, y, m in zip(seq_ids, seq_labels, seq_mask, strict=True) if not m]
+            assert all(t == tok.pad_token_id and y == -100 for t, y in padded)
             seq = [t for t, keep in zip(seq_ids, seq_mask, strict=True) if keep]
             answer = tuple(t for t in seq_labels if t != -100)
             seen.add((tuple(seq[: len(seq) - len(answer)]), answer))
