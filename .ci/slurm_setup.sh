@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs what tests/test_slurm.py needs for a real single-node SLURM: Debian's slurmctld, slurmd,
+# Installs what tests/workflow/test_slurm.py needs for a real single-node SLURM: Debian's slurmctld, slurmd,
 # slurm-client and munge. Idempotent (does nothing when the binaries are there), quiet, bounded by
 # timeouts. It never fails the CI run: where it cannot install (not root, no apt-get, no network) it
-# says so and tests/test_slurm.py skips with that reason. The daemons are NOT started here (no systemd):
+# says so and tests/workflow/test_slurm.py skips with that reason. The daemons are NOT started here (no systemd):
 # the test writes its own slurm.conf and munge key in a temp dir, starts munged/slurmctld/slurmd itself
 # and stops them by pid.
 set -uo pipefail
@@ -21,11 +21,11 @@ if have_all; then
     exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-    echo "slurm_setup: not root, cannot install ${PACKAGES[*]}: tests/test_slurm.py will be skipped" >&2
+    echo "slurm_setup: not root, cannot install ${PACKAGES[*]}: tests/workflow/test_slurm.py will be skipped" >&2
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "slurm_setup: no apt-get, cannot install ${PACKAGES[*]}: tests/test_slurm.py will be skipped" >&2
+    echo "slurm_setup: no apt-get, cannot install ${PACKAGES[*]}: tests/workflow/test_slurm.py will be skipped" >&2
     exit 0
 fi
 
@@ -51,7 +51,7 @@ if [ "$temp_policy" = 1 ]; then
 fi
 
 if [ "$status" != 0 ] || ! have_all; then
-    echo "slurm_setup: installing ${PACKAGES[*]} failed (exit $status): tests/test_slurm.py will be skipped" >&2
+    echo "slurm_setup: installing ${PACKAGES[*]} failed (exit $status): tests/workflow/test_slurm.py will be skipped" >&2
     tail -n 20 "$log" >&2
 else
     echo "slurm_setup: installed ${PACKAGES[*]}" >&2

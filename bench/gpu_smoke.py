@@ -19,21 +19,24 @@ benchmarks/) and adds two measurements of its own:
 |                     | arm's param_dtype                                                      |          |
 | autocast.<arm>      | the autocast state seen inside the first forward is the one requested  |          |
 | determinism.<arm>   | deterministic algorithms on exactly in the deterministic arms          |          |
-| vllm_train.<arm>    | the trainer generated the rollouts with vLLM, in the arm's dtype       | yes      |
-| vllm_seed.<arm>     | the engine's seed is grpo_trainer.vllm_seed(run seed, rank 0), not 0   | yes      |
+| vllm_train.<arm>    | the trainer generated the rollouts with vLLM, in the arm's dtype       | vLLM     |
+| vllm_seed.<arm>     | the engine's seed is grpo_trainer.vllm_seed(run seed, rank 0), not 0   | vLLM     |
 | sampler_gap.<arm>   | the sampler-trainer gap was measured at every generation round         |          |
 | importance_sampling | run.json records TRL's correction as configured; it acts only with     |          |
 | .<arm>              | vLLM and correction on                                                 |          |
-| vllm_eval           | every evaluation sampled with vLLM                                     | yes      |
-| hf_vs_vllm_pass1    | HF and vLLM pass@1 of the same run differ by <= 4 SE + 0.02            | yes      |
+| vllm_eval           | every evaluation sampled with vLLM                                     | vLLM     |
+| hf_vs_vllm_pass1    | HF and vLLM pass@1 of the same run differ by <= 4 SE + 0.02            | vLLM     |
 | base_kl_zero        | KL of every base run to itself is 0 (abs <= 1e-6)                       |          |
 | resume_bit_identical| killed + resumed fp32 weights == uninterrupted ones, which moved        |          |
 | peak_gpu_memory     | the device's memory was sampled and its peak stayed under 95% of total  | yes      |
 | time_budget         | workflow + this script took <= 480 s                                    | yes      |
 
-Status is "pass", "fail" or "not applicable on CPU" (a GPU-only check on a machine without CUDA: never
-"pass"). Exit status 1 when any check fails. Eval tokens/s are the evaluate job's own ``generate_s``:
-for vLLM it includes building the engine (``vllm.LLM``), for HF the model is already loaded.
+Status is "pass", "fail", "not applicable on CPU" (a GPU-only check on a machine without CUDA: never
+"pass") or "not applicable without vLLM" (a vLLM check of a config that samples with HF: the HF twin).
+The vLLM checks run wherever the config uses vLLM: on a GPU, and on CPU with vLLM's CPU build (the
+vLLM twin, tests/workflow/test_gpu_smoke_vllm.py). Exit status 1 when any check fails. Eval tokens/s
+are the evaluate job's own ``generate_s``: for vLLM it includes building the engine (``vllm.LLM``), for
+HF the model is already loaded.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ from workflow_scripts.runtime.atomic import write_json  # noqa: E402
 from workflow_scripts.runtime.config import load_config  # noqa: E402
 from workflow_scripts.training.metrics_log import read_metrics, rollout_rows  # noqa: E402
 
-PASS, FAIL, NA = "pass", "fail", "not applicable on CPU"
+PASS, FAIL = "pass", "fail"
+NA, NA_VLLM = "not applicable on CPU", "not applicable without vLLM"
 TIME_BUDGET_S = 480.0
 KL_ZERO_TOL = 1e-6
 MEMORY_SHARE = 0.95
@@ -79,12 +83,13 @@ def read_json(path: Path) -> dict:
 class Report:
     """Checks (name -> {status, value, expected}) and figures; a check that raises is a failure."""
 
-    def __init__(self, gpu: bool) -> None:
-        self.gpu = gpu
+    def __init__(self, gpu: bool, vllm: bool = False) -> None:
+        self.gpu, self.vllm = gpu, vllm
         self.checks: dict[str, dict] = {}
         self.figures: dict[str, Any] = {}
 
-    def check(self, name: str, expected: str, fn: Callable[[], tuple[bool, Any]], gpu_only: bool = False):
+    def check(self, name: str, expected: str, fn: Callable[[], tuple[bool, Any]], gpu_only: bool = False,
+              vllm_only: bool = False) -> None:  # fmt: skip
         try:
             ok, value = fn()
             status = PASS if ok else FAIL
@@ -92,6 +97,8 @@ class Report:
             status, value = FAIL, f"{type(err).__name__}: {err}"
         if gpu_only and not self.gpu:
             status = NA
+        if vllm_only and not self.vllm:
+            status = NA_VLLM
         self.checks[name] = {"status": status, "value": value, "expected": expected}
 
     def figure(self, name: str, fn: Callable[[], Any]) -> None:
@@ -168,8 +175,8 @@ def arm_checks(report: Report, config: dict, res: Path) -> None:
         report.check(f"autocast.{arm}", f"autocast {mode['autocast']}", autocast)
         report.check(f"determinism.{arm}", f"deterministic algorithms {mode['deterministic']}", determinism)
         report.check(f"device.{arm}", "cuda", device, gpu_only=True)
-        report.check(f"vllm_train.{arm}", "rollouts from vLLM", vllm_train, gpu_only=True)
-        report.check(f"vllm_seed.{arm}", "engine seed from the run seed", vllm_seed_check, gpu_only=True)
+        report.check(f"vllm_train.{arm}", "rollouts from vLLM", vllm_train, vllm_only=True)
+        report.check(f"vllm_seed.{arm}", "engine seed from the run seed", vllm_seed_check, vllm_only=True)
         report.check(f"sampler_gap.{arm}", "gap measured every generation round", gap)
         report.check(f"importance_sampling.{arm}", "as configured", importance_sampling)
         report.figure(
@@ -234,7 +241,7 @@ def eval_checks(report: Report, config: dict, res: Path) -> None:
         ok = all(abs(v["k1"]) <= KL_ZERO_TOL and abs(v["k3"]) <= KL_ZERO_TOL for v in values.values())
         return ok, values
 
-    report.check("vllm_eval", "every evaluation sampled with vllm", vllm_eval, gpu_only=True)
+    report.check("vllm_eval", "every evaluation sampled with vllm", vllm_eval, vllm_only=True)
     report.check("base_kl_zero", f"|k1|, |k3| <= {KL_ZERO_TOL} for every base run", base_kl)
 
     def eval_figures() -> dict:
@@ -459,7 +466,8 @@ def build_report(args: argparse.Namespace) -> Report:
     res = workdir / paths.RESULTS
     scratch = workdir / "gpu_smoke"
     device = device_info()
-    report = Report(gpu=device["cuda"])
+    uses_vllm = bool(config["train"]["use_vllm"] or config["eval"]["backend"] == "vllm")
+    report = Report(gpu=device["cuda"], vllm=uses_vllm)
     report.figures["device"] = device
 
     def workflow():
@@ -481,7 +489,7 @@ def build_report(args: argparse.Namespace) -> Report:
         hf.update(hf_reeval(config, res, scratch))
         return compare_backends(hf)
 
-    report.check("hf_vs_vllm_pass1", "|pass@1 vllm - pass@1 hf| <= 4 SE + 0.02", backends, gpu_only=True)
+    report.check("hf_vs_vllm_pass1", "|pass@1 vllm - pass@1 hf| <= 4 SE + 0.02", backends, vllm_only=True)
 
     def eval_speed() -> dict:
         out = {"run": hf["run"], "task": hf["task"]}

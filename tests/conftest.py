@@ -160,6 +160,25 @@ def _one_digit_rows(n: int | None = None):
     return rows if n is None else rows[:: max(1, len(rows) // n)][:n]
 
 
+def build_tiny_base(root: Path, tiny: dict | None = None) -> dict:
+    """The test config's data and base model under ``root`` (``tiny``: model.tiny keys to change)."""
+    from workflow_scripts.base_model import build_base
+    from workflow_scripts.prepare_data import prepare
+    from workflow_scripts.runtime.config import validate_config
+    from workflow_scripts.tasks.rows import write_rows
+
+    config = validate_config(load_test_config(), source=str(TEST_CONFIG))
+    config["model"]["tiny"]["sft_steps"] = 150
+    config["model"]["tiny"].update(tiny or {})
+    data_dir = root / "data"
+    prepare(config["data"], data_dir)
+    write_rows(data_dir / "sft.jsonl", _one_digit_rows())
+    write_rows(data_dir / "train.jsonl", _one_digit_rows(24))
+    base_dir = root / "models" / "base"
+    build_base(config, data_dir, base_dir, root / "models" / "base.json", threads=1)
+    return {"config": config, "data_dir": data_dir, "base_dir": base_dir, "root": root}
+
+
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> dict:
     """A base model and data for training tests, built once per session (a few seconds).
@@ -170,21 +189,7 @@ def tiny_base(tmp_path_factory) -> dict:
     config's 4 prompts x 2 micro-batches per generation round an epoch is 6 optimizer steps, so short
     runs cross epoch boundaries (resume must restore the data order there too).
     """
-    from workflow_scripts.base_model import build_base
-    from workflow_scripts.prepare_data import prepare
-    from workflow_scripts.runtime.config import validate_config
-    from workflow_scripts.tasks.rows import write_rows
-
-    root = tmp_path_factory.mktemp("tiny_base")
-    config = validate_config(load_test_config(), source=str(TEST_CONFIG))
-    config["model"]["tiny"]["sft_steps"] = 150
-    data_dir = root / "data"
-    prepare(config["data"], data_dir)
-    write_rows(data_dir / "sft.jsonl", _one_digit_rows())
-    write_rows(data_dir / "train.jsonl", _one_digit_rows(24))
-    base_dir = root / "models" / "base"
-    build_base(config, data_dir, base_dir, root / "models" / "base.json", threads=1)
-    return {"config": config, "data_dir": data_dir, "base_dir": base_dir, "root": root}
+    return build_tiny_base(tmp_path_factory.mktemp("tiny_base"))
 
 
 def bit_identical(a: dict, b: dict) -> bool:
@@ -194,3 +199,26 @@ def bit_identical(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
         a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a
     )
+
+
+# ---------------------------------------------------------------------------- the real vLLM engine
+
+VLLM_TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 256}
+"""model.tiny dimensions vLLM's CPU build can run: its CPU attention takes head sizes 32-512, so heads of
+32 (the default's 16 fail: "Unsupported CPU attention configuration: head_dim=16"); the rest as tiny."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``vllm`` run against the real engine (vLLM's CPU build in .venv-vllm, `make test`).
+    Without vllm installed they are skipped, unless RLVR_REQUIRE_VLLM=1 (the Makefile's vLLM run sets it):
+    there a missing engine fails the run instead of passing it quietly."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    if os.environ.get("RLVR_REQUIRE_VLLM") == "1" and any("vllm" in item.keywords for item in items):
+        raise pytest.UsageError("RLVR_REQUIRE_VLLM=1 but vllm cannot be imported in this environment")
+    skip = pytest.mark.skip(reason="needs vLLM (its CPU build: make test builds .venv-vllm)")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)

@@ -385,50 +385,6 @@ def test_vllm_backend_without_vllm_names_the_config_key(tiny, tmp_path, monkeypa
         generate(model_dir, PROMPTS, {**EVAL_CFG, "backend": "tpu"}, max_new_tokens=4, seed=0)
 
 
-FAKE_VLLM = """
-import types
-calls = []
-class SamplingParams:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-class LLM:
-    def __init__(self, **kw):
-        calls.append(kw)
-    def generate(self, prompts, params, use_tqdm=False):
-        out = []
-        for prompt, p in zip(prompts, params):
-            samples = []
-            for s in range(p.n):
-                if s == 0:  # ended by an end token, which vLLM keeps in token_ids
-                    ids, reason = [40, p.stop_token_ids[0]], "stop"
-                else:  # ran out of tokens
-                    ids, reason = [41] * p.max_tokens, "length"
-                samples.append(types.SimpleNamespace(token_ids=ids, finish_reason=reason))
-            out.append(types.SimpleNamespace(outputs=samples))
-        return out
-"""
-
-
-def test_vllm_adapter_maps_outputs_to_completions(tiny, tmp_path, monkeypatch):
-    fake = tmp_path / "fake" / "vllm"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(FAKE_VLLM)
-    monkeypatch.syspath_prepend(str(fake.parent))
-    monkeypatch.setitem(sys.modules, "vllm", None)  # recorded, so teardown drops the module imported here
-    monkeypatch.delitem(sys.modules, "vllm")
-    model, tok = tiny
-    model_dir = _save(model, tok, tmp_path / "model", torch.bfloat16)
-    completions, info = generate(model_dir, PROMPTS[:2], {**EVAL_CFG, "backend": "vllm"}, 4, seed=7)
-    import vllm
-
-    assert vllm.calls[0]["dtype"] == "bfloat16" and vllm.calls[0]["generation_config"] == "vllm"
-    assert info == {**info, "backend": "vllm", "dtype": "bfloat16"}
-    order = [(c.prompt_index, c.sample_index) for c in completions]
-    assert order == [(i, s) for i in range(2) for s in range(3)]
-    ended, cut = completions[0], completions[1]
-    assert ended.token_ids == (40,) and ended.stop_token_id == tok.eos_token_id and not ended.truncated
-    assert ended.num_tokens == 2 and ended.text == tok.decode([40])
-    assert cut.truncated and cut.num_tokens == 4 and cut.stop_token_id is None
 
 
 # ------------------------------------------------------------------------------------------ the run

@@ -135,8 +135,10 @@ def generate(
     model=None,
     tokenizer=None,
     dtype: str | None = None,
+    threads: int | None = None,
 ) -> tuple[list[Completion], dict]:
-    """``eval.n_samples`` completions per prompt (prompt-major) and {backend, dtype, generate_s}.
+    """``eval.n_samples`` completions per prompt (prompt-major) and {backend, dtype, generate_s, vllm}
+    (vllm: the engine's record, ``vllm_engine.engine_record``; None on the hf backend).
 
     ``model``/``tokenizer``: already loaded ones (hf backend; the evaluate job loads them once for
     sampling and KL); else loaded from ``model_dir`` in ``dtype`` (default: the saved dtype)."""
@@ -151,6 +153,7 @@ def generate(
         "max_new_tokens": max_new_tokens,
         "seed": seed,
     }
+    engine = None
     if backend == "vllm":
         from workflow_scripts.models.vllm_backend import import_vllm, sample_completions_vllm
 
@@ -163,9 +166,10 @@ def generate(
         except OSError:  # no generation_config.json: the tokenizer's eos only
             gen_cfg = None
         stops = stop_token_ids(None, tokenizer, gen_cfg)
-        completions = sample_completions_vllm(
-            model_dir, tokenizer, prompts, dtype=dtype, stop_ids=stops, **common
-        )
+        completions, engine = sample_completions_vllm(
+            model_dir, tokenizer, prompts, dtype=dtype, stop_ids=stops, engine=eval_cfg.get("vllm"),
+            threads=threads, **common,
+        )  # fmt: skip
     else:
         if model is None:
             model, dtype = load_run_model(model_dir, trust_remote_code, dtype=dtype)
@@ -179,7 +183,8 @@ def generate(
             memory_budget_gb=eval_cfg.get("memory_budget_gb"),
             **common,
         )
-    info = {"backend": backend, "dtype": dtype, "generate_s": round(time.perf_counter() - start, 3)}
+    info = {"backend": backend, "dtype": dtype, "generate_s": round(time.perf_counter() - start, 3),
+            "vllm": engine}  # fmt: skip
     return completions, info
 
 
@@ -332,7 +337,7 @@ def run(
     completions = info = None
     if eval_cfg["backend"] == "vllm":  # vLLM holds the GPU while it samples: models after it
         completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code,
-                                     tokenizer=tokenizer, dtype=policy_dtype)  # fmt: skip
+                                     tokenizer=tokenizer, dtype=policy_dtype, threads=threads)  # fmt: skip
     start = time.perf_counter()
     policy, reference = load_pair(model, base, policy_dtype, reference_dtype, trust_remote_code)
     load_s += time.perf_counter() - start
@@ -361,6 +366,7 @@ def run(
         role=task_cfg.get("role"),
         backend=info["backend"],
         dtype=info["dtype"],
+        vllm=info["vllm"],
         bf16_matmul=matmul if bf16 else None,
         model_dir=str(model),
         seed=seed,

@@ -272,6 +272,7 @@ def run(
         bool(train_cfg["dynamic_sampling"]),
         int(train_cfg["dynamic_sampling_max_rounds"]),
         vllm_dtype=rollout_dtype(mode.param_dtype, mode.autocast) if train_cfg["use_vllm"] else None,
+        vllm_settings=train_cfg["vllm"],
     )
     with tracking_env(train_cfg["report_to"], out_dir):  # for the whole training (wandb.init is late)
         trainer = trainer_class(

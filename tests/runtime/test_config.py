@@ -149,6 +149,11 @@ MALFORMED = {
         "repeats.0.seed",
         "repeats",
     ),
+    "an fp32 LM head sampled by vLLM": (
+        lambda c: (_set("precisions.bf16.lm_head_dtype", "float32")(c), _set("train.use_vllm", True)(c)),
+        "precisions.bf16.lm_head_dtype: train.use_vllm sample with vLLM, which runs the whole model in one",
+        "vllm",
+    ),
     "bf16 arms sharing a base evaluation with different bf16_matmul": (
         _set("precisions.bf16_emul", {"param_dtype": "bfloat16", "bf16_matmul": "emulated"}),
         "precisions.bf16_emul.bf16_matmul",

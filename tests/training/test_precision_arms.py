@@ -165,7 +165,8 @@ def test_a_contract_mismatch_is_an_error_naming_the_arm_and_the_field():
 
 
 def test_the_vllm_engine_and_the_fsdp_policy_are_read_into_the_contract():
-    """A fake colocated engine and FSDP2 plugin: the observed KV-cache, rollout and reduce dtypes."""
+    """The engine's fields are compared like any other (the real engine is read in
+    tests/training/test_vllm_rollouts.py); a fake FSDP2 plugin: the observed reduce dtype."""
     from types import SimpleNamespace
 
     from workflow_scripts.training.precision import PrecisionMode, fsdp_mixed_precision
@@ -176,21 +177,19 @@ def test_the_vllm_engine_and_the_fsdp_policy_are_read_into_the_contract():
         vllm_engine_dtypes,
     )
 
-    def trainer(cache_dtype: str):
-        engine = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32),
-                                 cache_config=SimpleNamespace(cache_dtype=cache_dtype))  # fmt: skip
-        return SimpleNamespace(
-            use_vllm=True, vllm_generation=SimpleNamespace(llm=SimpleNamespace(llm_engine=engine))
-        )
-
     mode = PrecisionMode("fp32", "float32")
     expected = expected_contract(mode, device="cuda", world=2, use_vllm=True)
     assert (expected["rollout_dtype"], expected["kv_cache_dtype"], expected["grad_reduce_dtype"]) == (
         "float32", "float32", "float32")  # fmt: skip
-    assert vllm_engine_dtypes(trainer("auto")) == {"rollout_dtype": "float32", "kv_cache_dtype": "float32"}
-    fp8 = vllm_engine_dtypes(trainer("fp8"))
-    assert differences(expected, fp8) == ["kv_cache_dtype: expected float32, observed fp8"]
+    assert expected["sampler_lm_head_dtype"] == "float32"
+    engine = {"kv_cache_dtype": "fp8", "sampler_lm_head_dtype": "bfloat16"}
+    assert differences(expected, engine) == [
+        "kv_cache_dtype: expected float32, observed fp8",
+        "sampler_lm_head_dtype: expected float32, observed bfloat16",
+    ]
     assert vllm_engine_dtypes(SimpleNamespace(use_vllm=False)) is None
+    hf_path = expected_contract(mode, device="cpu", world=1, use_vllm=False)
+    assert hf_path["sampler_lm_head_dtype"] is None
 
     def accelerator(policy):
         return SimpleNamespace(

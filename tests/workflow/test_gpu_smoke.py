@@ -1,4 +1,5 @@
-"""The GPU smoke check's CPU twin: config.gpu-smoke.yaml at tiny dimensions, HF sampler, no vLLM.
+"""The GPU smoke check's CPU twin: config.gpu-smoke.yaml at tiny dimensions, HF sampler, no vLLM (its vLLM
+twin: test_gpu_smoke_vllm.py).
 
 It runs the script a GPU run uses (bench/gpu_smoke.sh -> Snakemake -> bench/gpu_smoke.py) into a
 temporary folder and reads its JSON: every check that does not need CUDA passes (dtypes, autocast,
@@ -21,8 +22,9 @@ from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-GPU_ONLY = ("device.fp32", "device.bf16", "vllm_train.fp32", "vllm_train.bf16", "vllm_eval", "vllm_seed.fp32",
-            "vllm_seed.bf16", "hf_vs_vllm_pass1", "peak_gpu_memory", "time_budget")  # fmt: skip
+GPU_ONLY = ("device.fp32", "device.bf16", "peak_gpu_memory", "time_budget")
+VLLM_ONLY = ("vllm_train.fp32", "vllm_train.bf16", "vllm_eval", "vllm_seed.fp32", "vllm_seed.bf16",
+             "hf_vs_vllm_pass1")  # fmt: skip
 EVERYWHERE = ("workflow", "dtypes.fp32", "dtypes.bf16", "autocast.fp32", "autocast.bf16",
               "determinism.fp32", "determinism.bf16", "base_kl_zero", "resume_bit_identical",
               "sampler_gap.fp32", "sampler_gap.bf16", "importance_sampling.fp32",
@@ -46,6 +48,8 @@ def twin_config() -> dict:
     config["data"]["train"].update(n=200, val_n=40)
     config["data"]["sft_n"] = 2000
     config["train"].update(use_vllm=False, prompts_per_step=4, num_generations=4, kl_prompts=4, kl_samples=2)
+    config["train"].pop("vllm", None)
+    config["eval"].pop("vllm", None)
     config["eval"].update(backend="hf", n_samples=2, kl_prompts=8, kl_samples=2)
     config["resources"] = {rule: {"gpus": 0, "cpus": 1} for rule in config["resources"]}
     return config
@@ -71,7 +75,7 @@ def test_cpu_twin_passes_every_check_that_needs_no_gpu(smoke):
     log = (smoke["workdir"] / "snakemake.log").read_text()[-3000:]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:] + log
     assert report["passed"] is True and report["failed"] == []
-    assert set(report["checks"]) == set(GPU_ONLY) | set(EVERYWHERE)
+    assert set(report["checks"]) == set(GPU_ONLY) | set(VLLM_ONLY) | set(EVERYWHERE)
     for name in EVERYWHERE:
         assert report["checks"][name]["status"] == "pass", (name, report["checks"][name])
 
@@ -79,6 +83,8 @@ def test_cpu_twin_passes_every_check_that_needs_no_gpu(smoke):
 def test_gpu_only_checks_say_not_applicable_never_pass(smoke):
     for name in GPU_ONLY:
         assert smoke["json"]["checks"][name]["status"] == "not applicable on CPU", name
+    for name in VLLM_ONLY:  # this twin samples with HF; tests/workflow/test_gpu_smoke_vllm.py runs them
+        assert smoke["json"]["checks"][name]["status"] == "not applicable without vLLM", name
 
 
 def test_resume_check_killed_resumed_and_compared_weights_that_moved(smoke):
@@ -129,6 +135,10 @@ def test_a_gpu_only_check_is_not_applicable_on_cpu_whatever_its_result():
         report.check("bad", "", lambda: (False, 1), gpu_only=True)
         report.check("raises", "", lambda: 1 / 0)
     assert [cpu.checks[n]["status"] for n in ("ok", "bad")] == ["not applicable on CPU"] * 2
+    hf, vllm = gs.Report(gpu=True), gs.Report(gpu=False, vllm=True)
+    for report in (hf, vllm):
+        report.check("engine", "", lambda: (False, 1), vllm_only=True)
+    assert hf.checks["engine"]["status"] == "not applicable without vLLM" and vllm.failed == ["engine"]
     assert [gpu.checks[n]["status"] for n in ("ok", "bad", "raises")] == ["pass", "fail", "fail"]
     assert "ZeroDivisionError" in gpu.checks["raises"]["value"] and gpu.failed == ["bad", "raises"]
 

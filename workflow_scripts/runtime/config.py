@@ -360,6 +360,22 @@ def distributed_problems(config: Mapping) -> Iterator[Problem]:
         yield f"{key}.strategy", "fsdp shards over processes and this run has 1; use ddp (or more GPUs)"
 
 
+def vllm_problems(config: Mapping) -> Iterator[Problem]:
+    """vLLM runs a whole model in one dtype: an arm whose LM head is kept in another dtype than its
+    rollouts compute in cannot be sampled by it as trained (its head would be cast)."""
+    users = [key for key, on in (("train.use_vllm", config["train"]["use_vllm"]),
+                                 ("eval.backend", config["eval"]["backend"] == "vllm")) if on]  # fmt: skip
+    for name, mode in config["precisions"].items():
+        head, compute = mode.get("lm_head_dtype"), mode.get("autocast") or mode["param_dtype"]
+        if users and head not in (None, compute):
+            yield (
+                f"precisions.{name}.lm_head_dtype",
+                f"{' and '.join(users)} sample with vLLM, which runs the whole model in one dtype "
+                f"({compute} for this arm): its {head} LM head would be sampled in {compute}. Sample this "
+                "arm with the HF path (train.use_vllm: false, eval.backend: hf) or drop lm_head_dtype",
+            )
+
+
 def name_problems(config: Mapping) -> Iterator[Problem]:
     """Task and arm names must not read as run names (results/eval/{run}/{task}, paths.parse_run)."""
     runs = set(paths.run_names(config)) | {paths.base_run(d) for d in ("float32", "bfloat16", "float16")}
@@ -402,6 +418,7 @@ RULES: dict[str, Callable[..., Iterator[Problem]]] = {
     "precisions": lambda c, _: (p for n, m in c["precisions"].items() for p in precision_problems(n, m)),
     "train": lambda c, _: train_problems(c["train"]),
     "distributed": lambda c, _: distributed_problems(c),
+    "vllm": lambda c, _: vllm_problems(c),
     "names": lambda c, _: name_problems(c),
     "repeats": lambda c, _: repeat_problems(c),
     "model": lambda c, files: model_problems(c, files),

@@ -26,6 +26,8 @@
 | checkpoint_every            | save_steps, rounded up to whole generation rounds (see below);              |
 |                             | save_strategy steps, save_total_limit 1, output_dir = the checkpoint folder |
 | use_vllm                    | use_vllm, vllm_mode colocate (vllm is imported only then: gate_vllm)        |
+| vllm.gpu_memory_utilization,| vllm_gpu_memory_utilization, vllm_max_model_length (kv_cache_gb and         |
+| max_model_len               | enforce_eager reach the engine through grpo_trainer.vllm_engine_args)       |
 | importance_sampling.        | vllm_importance_sampling_correction, _mode, _clip_min, _clip_max (TRL      |
 | correction, mode, clip_min, | acts on them only with use_vllm; defaults and reasons: the schema)         |
 | clip_max                    |                                                                             |
@@ -199,6 +201,8 @@ def grpo_config(
         reward_weights=[1.0, float(train_cfg["overlong_penalty"])] if overlong else None,
         use_vllm=bool(train_cfg["use_vllm"]),
         vllm_mode="colocate",
+        vllm_gpu_memory_utilization=float(train_cfg["vllm"]["gpu_memory_utilization"]),
+        vllm_max_model_length=train_cfg["vllm"]["max_model_len"],
         **importance_sampling_args(train_cfg),
         activation_checkpointing=False,  # TRL defaults gradient checkpointing ON
         save_strategy="steps",

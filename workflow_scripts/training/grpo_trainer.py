@@ -21,6 +21,10 @@
 |                         | the fp32 arm would sample in bf16;   | sampler computes, and the seed (run    |
 |                         | seed = process_index // tp: every    | seed, TP group), not the group alone   |
 |                         | run seed shares one random stream    | (``vllm_engine_args``, ``vllm_seed``)  |
+|                         | and no KV-cache size is given        | with the ``train.vllm`` settings       |
+| ``vllm_generation.      | run inside the trainer's contexts    | outside ``bf16_matmul``'s emulation    |
+| generate``, ``.sync_    |                                      | (``outside_emulation``); on vLLM's CPU |
+| weights``               |                                      | build the sync is ``sync_weights_cpu`` |
 
 Dynamic sampling (DAPO, Yu et al. 2025, section 3.2). A generation round needs ``n`` prompt groups
 (``generation_batch_size / num_generations``). A group is zero-spread when the standard deviation of
@@ -49,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 
@@ -177,21 +182,28 @@ def vllm_seed(run_seed: int, group: int) -> int:
 
 
 @contextlib.contextmanager
-def vllm_engine_args(dtype: str | None, run_seed: int | None = None) -> Iterator[dict]:
-    """While TRL builds its colocated vLLM engine: build it with ``dtype`` instead of "auto" and with the
-    seed ``vllm_seed(run_seed, group)`` instead of TRL's group index. Yields the arguments the engine
-    got ({dtype, seed}, filled when it is built), for run.json.
+def vllm_engine_args(
+    dtype: str | None, run_seed: int | None = None, engine: dict | None = None
+) -> Iterator[dict]:
+    """While TRL builds its colocated vLLM engine: build it with ``dtype`` instead of "auto", with the
+    seed ``vllm_seed(run_seed, group)`` instead of TRL's group index and with the ``train.vllm`` settings
+    ``engine`` (``vllm_engine.engine_kwargs``: KV-cache size, eager mode, memory share, length). Yields
+    what the engine was built with and what it runs ({dtype, seed} + ``vllm_engine.engine_record``,
+    filled when it is built), for run.json and the precision contract.
 
     TRL 1.16 calls ``vllm.LLM(...)`` without a dtype (trl/generation/vllm_generation.py); vLLM's "auto"
     downcasts a float32 checkpoint (float16 before vLLM 0.10.1, bfloat16 since), so an fp32 arm's
     rollouts would be sampled in 16 bits and the arms would differ in more than they name. It passes
-    ``seed=process_index // tensor_parallel_size`` (see ``vllm_seed``). TRL offers no option for
-    either, so the name it calls is wrapped for the duration of ``GRPOTrainer.__init__`` only."""
+    ``seed=process_index // tensor_parallel_size`` (see ``vllm_seed``) and no KV-cache size. TRL offers
+    no option for these, so the name it calls is wrapped for the duration of ``GRPOTrainer.__init__``
+    only. The job's torch thread count is restored after the engine starts (``keep_threads``)."""
     built: dict = {}
-    if dtype is None and run_seed is None:
+    if dtype is None and run_seed is None and engine is None:
         yield built
         return
     from trl.generation import vllm_generation
+
+    from workflow_scripts.models import vllm_engine as engines
 
     original = vllm_generation.LLM
 
@@ -200,8 +212,15 @@ def vllm_engine_args(dtype: str | None, run_seed: int | None = None) -> Iterator
             kwargs["dtype"] = dtype
         if run_seed is not None:
             kwargs["seed"] = vllm_seed(run_seed, int(kwargs.get("seed") or 0))
+        if engine is not None:
+            engines.prepare_process()
+            kwargs.update(engines.engine_kwargs(engine, "train.vllm"))
         built.update(dtype=kwargs.get("dtype"), seed=kwargs.get("seed"))
-        return original(*args, **kwargs)
+        with engines.keep_threads(None):
+            llm = original(*args, **kwargs)
+        if engine is not None:
+            built.update(engines.engine_record(llm))
+        return llm
 
     vllm_generation.LLM = build
     try:
@@ -210,10 +229,39 @@ def vllm_engine_args(dtype: str | None, run_seed: int | None = None) -> Iterator
         vllm_generation.LLM = original
 
 
-def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0, vllm_dtype: str | None = None):
+def outside_emulation(method):
+    """``method`` run with ``bf16_matmul.suspended``: vLLM's calls never enter the emulated bf16 path."""
+    from workflow_scripts.training.bf16_matmul import suspended
+
+    def call(*args, **kwargs):
+        with suspended():
+            return method(*args, **kwargs)
+
+    return call
+
+
+def sync_weights_cpu(generation) -> None:
+    """TRL's colocated weight sync for vLLM's CPU build (tests on CPU only; a GPU runs TRL's own).
+
+    TRL loads each trained tensor through ``model_runner.model.load_weights``; the CPU build repacks its
+    linear weights at load time, after which that call fails ("'Parameter' object has no attribute
+    'weight_loader'"). vLLM's layerwise reload takes the same (name, tensor) stream and repacks it
+    (``driver_worker.reload_weights(weights_iterator=...)``); the prefix cache is reset as TRL does."""
+    worker = generation.llm.llm_engine.model_executor.driver_worker
+    worker.reload_weights(weights_iterator=generation._iter_named_params())
+    generation.llm.reset_prefix_cache()
+
+
+def make_trainer_class(
+    dynamic_sampling: bool = False,
+    max_rounds: int = 0,
+    vllm_dtype: str | None = None,
+    vllm_settings: dict | None = None,
+):
     """GRPOTrainer with the overrides of the module docstring (TRL is imported only here).
 
-    ``vllm_dtype``: the colocated vLLM engine's dtype (the arm's ``rollout_dtype``; None: no vLLM)."""
+    ``vllm_dtype``: the colocated vLLM engine's dtype (the arm's ``rollout_dtype``; None: no vLLM);
+    ``vllm_settings``: its ``train.vllm`` block (None: TRL's engine arguments but dtype and seed)."""
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
@@ -235,9 +283,17 @@ def make_trainer_class(dynamic_sampling: bool = False, max_rounds: int = 0, vllm
     class Trainer(SamplerGapMixin, GRPOTrainer):  # the gap: sampler_gap (its own overrides)
         def __init__(self, *args, **kwargs):
             run_seed = getattr(kwargs.get("args"), "seed", None) if vllm_dtype is not None else None
-            with vllm_engine_args(vllm_dtype, run_seed) as engine_args:
+            settings = vllm_settings if vllm_dtype is not None else None
+            with vllm_engine_args(vllm_dtype, run_seed, settings) as engine_args:
                 super().__init__(*args, **kwargs)
             self.vllm_engine_args = engine_args  # what the colocated engine was built with (run.json)
+            if getattr(self, "use_vllm", False):
+                generation = self.vllm_generation
+                if engine_args.get("platform") == "cpu":
+                    generation.sync_weights = partial(sync_weights_cpu, generation)
+                # the engine computes with its own kernels, outside bf16_matmul's emulation (its docstring)
+                generation.sync_weights = outside_emulation(generation.sync_weights)
+                generation.generate = outside_emulation(generation.generate)
 
         def _get_train_sampler(self, dataset=None):
             base = super()._get_train_sampler(dataset)

@@ -20,8 +20,10 @@ any second step. run.json keeps ``expected`` and ``observed``.
 | bf16_matmul            | ``precision.matmul_path``              | the torch-function mode active         |
 | grad_reduce_dtype      | null in one process; else the          | FSDP2 policy reduce_dtype (null: the   |
 |                        | gradients' dtype (nothing casts them)  | gradients'), DDP: the gradients' dtype |
-| kv_cache_dtype         | the rollout dtype with vLLM, else null | vLLM cache_config.cache_dtype ("auto": |
-|                        |                                        | the engine's model dtype)              |
+| kv_cache_dtype         | the rollout dtype with vLLM, else null | the engine's vllm_config.cache_config  |
+|                        |                                        | .cache_dtype ("auto": its model dtype) |
+| sampler_lm_head_dtype  | with vLLM: the autocast dtype, else    | the engine's LM-head weight            |
+|                        | the head's (lm_head_dtype); else null  | (``vllm_engine.engine_record``)        |
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def expected_contract(mode: PrecisionMode, *, device: str, world: int, use_vllm:
         bf16_matmul=matmul_path(mode, device),
         grad_reduce_dtype=None if world == 1 else mode.param_dtype,
         kv_cache_dtype=rollout if use_vllm else None,
+        sampler_lm_head_dtype=(mode.autocast or mode.head_dtype) if use_vllm else None,
     )
     return contract
 
@@ -144,6 +147,7 @@ class ContractCheck(TrainerCallback):
             bf16_matmul=_matmul_active(),
             grad_reduce_dtype=self.reduce_dtype(grads["body"]),
             kv_cache_dtype=(engine or {}).get("kv_cache_dtype"),
+            sampler_lm_head_dtype=(engine or {}).get("lm_head_dtype"),
         )
         self._raise_on(fields)
 
@@ -166,14 +170,17 @@ class ContractCheck(TrainerCallback):
 
 
 def vllm_engine_dtypes(trainer) -> dict | None:
-    """{rollout_dtype, kv_cache_dtype} of the trainer's colocated vLLM engine (None: no vLLM)."""
+    """{rollout_dtype, kv_cache_dtype, lm_head_dtype} of the trainer's colocated vLLM engine, read from
+    the engine itself (``vllm_engine.engine_record``); None: no vLLM."""
     generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
-    engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
-    if generation is None or engine is None:
+    llm = getattr(generation, "llm", None)
+    if generation is None or llm is None:
         return None
-    dtype = dtype_name(getattr(getattr(engine, "model_config", None), "dtype", None))
-    cache = getattr(getattr(engine, "cache_config", None), "cache_dtype", "auto")
-    return {"rollout_dtype": dtype, "kv_cache_dtype": dtype if cache in (None, "auto") else str(cache)}
+    from workflow_scripts.models.vllm_engine import engine_record
+
+    record = engine_record(llm)
+    return {"rollout_dtype": record["model_dtype"], "kv_cache_dtype": record["kv_cache_dtype"],
+            "lm_head_dtype": record["lm_head_dtype"]}  # fmt: skip
 
 
 def reduce_dtype_of(accelerator, world: int) -> Callable[[str | None], str | None]:

@@ -31,15 +31,20 @@ def peak_gpu_memory_gb() -> float | None:
 
 
 def vllm_record(trainer) -> dict:
-    """Whether TRL generated the rollouts with vLLM and the dtype its engine ran in (vLLM picks its own
-    for a float32 checkpoint unless told), read from the trainer, not the config."""
+    """Whether TRL generated the rollouts with vLLM, and the engine: the dtype and seed it runs with
+    (vLLM picks its own dtype for a float32 checkpoint unless told), its KV-cache dtype, LM-head dtype
+    and ``train.vllm`` settings as the engine holds them (``vllm_engine.engine_record``), read from the
+    trainer and its engine, not the config."""
     generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
     if generation is None:
         return {"used": False, "mode": None, "dtype": None, "seed": None, "seed_given": None}
-    engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
+    llm = getattr(generation, "llm", None)
+    engine = getattr(llm, "llm_engine", None)
     dtype = getattr(getattr(engine, "model_config", None), "dtype", None)
     mode = getattr(generation, "mode", None)
-    given = getattr(trainer, "vllm_engine_args", {}).get("seed")  # grpo_trainer.vllm_seed(run seed, group)
+    built = dict(getattr(trainer, "vllm_engine_args", {}))
+    given = built.pop("seed", None)  # grpo_trainer.vllm_seed(run seed, group)
+    built.pop("dtype", None)
     seed = getattr(getattr(engine, "model_config", None), "seed", given)  # what the engine holds
     return {"used": True, "mode": mode, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
-            "seed_given": given}  # fmt: skip
+            "seed_given": given, **built}  # fmt: skip

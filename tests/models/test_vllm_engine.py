@@ -1,0 +1,135 @@
+"""The evaluation sampler against vLLM's real engine (its CPU build): seeds, greedy, threads, release,
+and what the engine reports about itself. A tiny Llama with heads of 32 (``VLLM_TINY``), untrained: its
+samples are near uniform over the vocabulary, so two streams that differ give different completions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import VLLM_TINY
+
+from workflow_scripts.models.generation import sample_completions
+from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama, load_tokenizer
+from workflow_scripts.models.vllm_backend import sample_completions_vllm, sample_seed
+
+pytestmark = pytest.mark.vllm
+
+ENGINE = {"gpu_memory_utilization": 0.9, "kv_cache_gb": 0.25, "max_model_len": 64, "enforce_eager": True}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, str]:
+    tokenizer = build_char_tokenizer()
+    tiny = {**VLLM_TINY, "max_position_embeddings": 64, "seed": 0, "initializer_range": 0.05}
+    model = build_tiny_llama(len(tokenizer), tiny, tokenizer)
+    dirs = {}
+    for dtype in ("float32", "bfloat16"):
+        path = tmp_path_factory.mktemp(f"vllm_tiny_{dtype}")
+        model.to(getattr(torch, dtype)).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs[dtype] = str(path)
+    return dirs
+
+
+def sample(model_dir: str, prompts, n: int, seed: int, temperature: float = 1.0, dtype: str = "float32",
+           threads: int = 1):  # fmt: skip
+    tokenizer = load_tokenizer(model_dir)
+    return sample_completions_vllm(
+        model_dir, tokenizer, list(prompts), n_samples=n, temperature=temperature, top_p=1.0,
+        max_new_tokens=8, seed=seed, dtype=dtype, stop_ids=[tokenizer.eos_token_id], engine=ENGINE,
+        threads=threads,
+    )  # fmt: skip
+
+
+def test_request_seeds_are_spaced_by_the_samples_per_prompt():
+    seeds = [sample_seed(100, i, 4) + j for i in range(3) for j in range(4)]
+    assert seeds == list(range(100, 112))  # vLLM's child j of a request seeded s draws stream s + j
+
+
+def test_every_prompt_and_sample_draws_its_own_stream_and_a_seed_reproduces_them(model_dirs):
+    prompts = ["12+7="] * 3  # one prompt thrice: streams shared across prompts would repeat completions
+    first, record = sample(model_dirs["float32"], prompts, n=4, seed=100)
+    again, _ = sample(model_dirs["float32"], prompts, n=4, seed=100)
+    tokens = [c.token_ids for c in first]
+    assert tokens == [c.token_ids for c in again]  # same seed, same samples, across engines
+    by_prompt = [tokens[i * 4 : (i + 1) * 4] for i in range(3)]
+    # with request seed seed + i, sample j of prompt i+1 was sample j+1 of prompt i, token for token
+    assert by_prompt[1][:3] != by_prompt[0][1:] and by_prompt[2][:3] != by_prompt[1][1:]
+    assert len(set(tokens)) == len(tokens)  # 12 streams, 12 different completions
+    assert record["model_dtype"] == "float32" and record["platform"] == "cpu"
+
+
+def test_greedy_sends_one_sample_per_prompt_and_matches_the_hf_greedy_tokens(model_dirs):
+    prompts = ["3+4=", "9-2=", "hello"]
+    completions, _ = sample(model_dirs["float32"], prompts, n=3, seed=5, temperature=0.0)
+    assert [c.sample_index for c in completions] == [0, 1, 2] * 3
+    for i in range(3):
+        assert len({c.token_ids for c in completions[i * 3 : (i + 1) * 3]}) == 1
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["float32"], dtype=torch.float32)
+    tokenizer = load_tokenizer(model_dirs["float32"])
+    hf = sample_completions(model, tokenizer, prompts, n_samples=1, max_new_tokens=8)
+    def fields(c):
+        return c.token_ids, c.text, c.num_tokens, c.truncated, c.stop_token_id
+
+    assert [fields(c) for c in completions[::3]] == [fields(c) for c in hf]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_engine_reports_the_dtypes_it_really_runs(model_dirs, dtype):
+    _, record = sample(model_dirs[dtype], ["1+1="], n=2, seed=0, dtype=dtype)
+    assert record["model_dtype"] == record["kv_cache_dtype"] == record["lm_head_dtype"] == dtype
+    assert record["kv_cache_memory_bytes"] == int(ENGINE["kv_cache_gb"] * 2**30)
+    assert record["max_model_len"] == 64 and record["enforce_eager"] is True
+
+
+def rss_mb() -> float:
+    with open(f"/proc/{os.getpid()}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+def test_the_job_keeps_its_threads_and_release_frees_the_engine(model_dirs):
+    sample(model_dirs["float32"], ["1+1="], n=2, seed=1)  # vllm imported, its one-off state built
+    torch.set_num_threads(1)
+    before = rss_mb()
+    _, record = sample(model_dirs["float32"], ["1+1="] * 8, n=8, seed=1, threads=2)
+    after = rss_mb()
+    # vLLM's CPU worker swaps torch.set_num_threads for a no-op; the job's count holds and can change
+    assert record["threads"] == 2 and torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    # the engine is shut down when sampling returns: its 256 MiB KV cache is not held until a collection
+    assert after - before < 0.5 * ENGINE["kv_cache_gb"] * 1024, (before, after)
+
+
+def test_the_evaluate_job_samples_with_vllm_before_it_loads_the_kl_models(model_dirs, tmp_path, monkeypatch):
+    """vLLM holds the device while it samples: the job loads the HF policy and reference after it has
+    shut the engine down, and records what the engine ran."""
+    from workflow_scripts import evaluate
+    from workflow_scripts.models import vllm_backend
+    from workflow_scripts.tasks.rows import make_row, write_rows
+
+    data = tmp_path / "t.jsonl"
+    write_rows(data, [make_row(f"q{i}", "t", "integer", f"{i}+1=", i + 1) for i in range(5)])
+    order = []
+    load_pair, sample = evaluate.load_pair, vllm_backend.release
+    monkeypatch.setattr(evaluate, "load_pair", lambda *a, **k: order.append("load") or load_pair(*a, **k))
+    monkeypatch.setattr(vllm_backend, "release", lambda *a: order.append("release") or sample(*a))
+    eval_cfg = {"n_samples": 3, "temperature": 0.7, "top_p": 0.8, "batch_size": 256, "backend": "vllm",
+                "seed": 0, "verify_timeout": 1.5, "code_timeout": 1.5, "kl_prompts": 4, "kl_samples": 2,
+                "memory_budget_gb": None, "vllm": ENGINE}  # fmt: skip
+    out = tmp_path / "out"
+    summary, kl = evaluate.run(
+        model=model_dirs["bfloat16"], base=model_dirs["float32"], data=data, samples_out=out / "s.parquet",
+        summary_out=out / "s.json", kl_out=out / "kl.json", eval_cfg=eval_cfg,
+        task_cfg={"kind": "integer", "role": "on_task", "max_new_tokens": 4}, run="bf16-s1", task="t",
+        reference_run="base-bfloat16", reference_dtype="bfloat16",
+    )  # fmt: skip
+    assert order == ["release", "load"]
+    assert summary["backend"] == "vllm" and summary["dtype"] == "bfloat16" and summary["N"] == 5
+    assert summary["vllm"]["model_dtype"] == "bfloat16" and summary["vllm"]["sample_s"] > 0
+    assert kl["policy_dtype"] == kl["reference_dtype"] == "bfloat16" and (out / "kl.json").exists()

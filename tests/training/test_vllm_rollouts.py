@@ -1,0 +1,116 @@
+"""TRL's colocated vLLM rollouts through the project's trainer, against vLLM's real engine (CPU build).
+
+Two runs of 6 steps (3 generation rounds of 8 prompt groups) on a tiny base with heads of 32
+(``VLLM_TINY``), each in its own process as the train stage runs: the fp32 arm with TRL's
+importance-sampling correction on, the bf16 arm with it off (and dropout 0, so that its sampler gap is
+the engine's alone); dynamic sampling on in both; lr 1e-3, so the weights move far each step and an
+engine left with stale weights would show at once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import REPO, VLLM_TINY, build_tiny_base
+from safetensors.torch import load_file
+
+from workflow_scripts.training.grpo_trainer import vllm_seed
+from workflow_scripts.training.metrics_log import read_metrics, rollout_rows
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+STEPS = 6
+GROUPS = 8  # prompt groups per generation round: the test config's prompts_per_step x steps_per_generation
+ENGINE = {"gpu_memory_utilization": 0.3, "kv_cache_gb": 0.25, "max_model_len": 128, "enforce_eager": True}
+CORRECTION = {
+    "fp32": {"correction": True, "mode": "token_truncate", "clip_min": None, "clip_max": 2.0},
+    "bf16": {"correction": False, "mode": "token_truncate", "clip_min": None, "clip_max": 3.0},
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    base = build_tiny_base(tmp_path_factory.mktemp("vllm_base"), VLLM_TINY)
+    out = {}
+    for arm in ("fp32", "bf16"):
+        config = json.loads(json.dumps(base["config"]))
+        config["precisions"]["bf16"]["dropout"] = 0.0
+        config["train"].update(max_steps=STEPS, checkpoint_every=100, kl_every=100, learning_rate=1e-3,
+                               use_vllm=True, vllm=ENGINE, importance_sampling=CORRECTION[arm],
+                               dynamic_sampling=True)  # fmt: skip
+        root = base["root"] / arm
+        root.mkdir()
+        (root / "config.json").write_text(json.dumps(config))
+        code = textwrap.dedent(f"""
+            import json
+            from workflow_scripts.train import train_run
+            config = json.load(open({str(root / 'config.json')!r}))
+            train_run(config, {arm!r}, 1, {str(base['data_dir'])!r}, {str(base['base_dir'])!r},
+                      {str(root / 'out')!r}, {str(root / 'ckpt')!r}, threads=1)
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        out[arm] = {
+            "run": json.loads((root / "out" / "run.json").read_text()),
+            "metrics": read_metrics(root / "out" / "metrics.jsonl"),
+            "weights": load_file(root / "out" / "model" / "model.safetensors"),
+            "base": load_file(base["base_dir"] / "model.safetensors"),
+        }
+    return out
+
+
+@pytest.mark.parametrize("arm,dtype", [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_the_engine_samples_in_the_arms_dtype_with_the_run_seed_and_its_settings(runs, arm, dtype):
+    vllm = runs[arm]["run"]["vllm"]
+    assert vllm["used"] and vllm["mode"] == "colocate" and vllm["platform"] == "cpu"
+    assert vllm["seed"] == vllm["seed_given"] == vllm_seed(1, 0)  # not TRL's process index (0)
+    assert vllm["model_dtype"] == vllm["kv_cache_dtype"] == vllm["lm_head_dtype"] == dtype
+    assert vllm["kv_cache_memory_bytes"] == 2**28 and vllm["max_model_len"] == 128
+    assert vllm["enforce_eager"] is True
+    assert vllm["threads"] == 1 == runs[arm]["run"]["threads"]  # the job's pool, after the engine started
+    contract = runs[arm]["run"]["precision_contract"]
+    assert contract["checked"] and contract["observed"] == contract["expected"]
+    assert contract["observed"]["sampler_lm_head_dtype"] == contract["observed"]["kv_cache_dtype"] == dtype
+
+
+@pytest.mark.parametrize("arm,bound", [("fp32", 1e-5), ("bf16", 0.05)])
+def test_weights_sync_every_round_so_the_engines_log_probs_follow_the_trainers(runs, arm, bound):
+    rounds = rollout_rows(runs[arm]["metrics"])
+    assert len(rounds) == STEPS // 2
+    # vLLM's log-probs vs the trainer's, at every round: after the first the weights have moved by ~lr
+    # per step (an engine whose sync was lost gave a mean of 0.6 nats in bf16 by the second round)
+    assert all(r["sampler_gap_mean"] is not None and r["sampler_gap_mean"] < bound for r in rounds)
+    base = runs[arm]["base"]
+    moved = [k for k, w in runs[arm]["weights"].items() if not torch.equal(w, base[k].to(w.dtype))]
+    assert len(moved) > len(runs[arm]["weights"]) // 2
+
+
+def test_the_sampler_gap_is_measured_from_the_engines_log_probs_per_arm(runs):
+    for arm in ("fp32", "bf16"):
+        gap = runs[arm]["run"]["sampler_gap"]
+        assert gap["rounds_measured"] == STEPS // 2 and gap["mean"] is not None
+    fp32, bf16 = runs["fp32"]["run"]["sampler_gap"], runs["bf16"]["run"]["sampler_gap"]
+    assert fp32["max"] < 1e-4 and fp32["outside_clip_mean"] == 0.0  # fp32, no dropout: kernel noise
+    assert bf16["mean"] > 100 * fp32["mean"]  # bf16's rounding, in vLLM's kernels and the trainer's
+
+
+def test_dynamic_sampling_filters_vllm_rollouts(runs):
+    for arm in ("fp32", "bf16"):
+        for row in rollout_rows(runs[arm]["metrics"]):
+            assert row["rollouts_drawn"] >= row["groups_kept"] + row["groups_zero_spread"] - 1e-9
+            assert row["groups_kept"] + row["groups_zero_spread"] == GROUPS
+
+
+def test_the_importance_sampling_switch_acts_as_configured(runs):
+    on, off = runs["fp32"], runs["bf16"]
+    assert on["run"]["importance_sampling"] == {**CORRECTION["fp32"], "acts": True}
+    assert off["run"]["importance_sampling"] == {**CORRECTION["bf16"], "acts": False}
+    ratios = [r["vllm_is_ratio_max"] for r in rollout_rows(on["metrics"])]
+    assert all(r is not None and r <= CORRECTION["fp32"]["clip_max"] for r in ratios)
+    assert all(r.get("vllm_is_ratio_max") is None for r in rollout_rows(off["metrics"]))
