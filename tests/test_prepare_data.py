@@ -172,6 +172,45 @@ def test_prepare_writes_every_output(tmp_path, test_config):
     assert len(read_rows(tmp_path / "sft.jsonl")) == 2000
 
 
+def dapo_hub_shaped(path, prompts: int, copies: int):
+    """A DAPO-Math-17k-shaped parquet with the hub copy's defect: every prompt repeated ``copies`` times,
+    interleaved (prompt 0, 1, ..., 0, 1, ...), as the hub's 1.79M rows repeat its 17,398 prompts ~100x;
+    the last copy of prompt 0 carries another answer (a conflicting duplicate)."""
+    import pandas as pd
+
+    template = pd.read_parquet(FIXTURES / "dapo_math.parquet").iloc[0].to_dict()
+    records = []
+    for copy in range(copies):
+        for i in range(prompts):
+            content = f"Solve: what is {i} + {i}?  Put the answer after 'Answer:'."
+            answer = str(2 * i) if (copy, i) != (copies - 1, 0) else "999"
+            records.append({**template, "prompt": [{"content": content, "role": "user"}],
+                            "reward_model": {"ground_truth": answer, "style": "rule"},
+                            "extra_info": {"index": f"{i}-{copy}"}})  # fmt: skip
+    pd.DataFrame(records).to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("cap", [None, 100, 6])
+def test_a_real_training_set_keeps_every_prompt_once_before_the_cap(tmp_path, test_config, cap):
+    path = dapo_hub_shaped(tmp_path / "dapo.parquet", prompts=10, copies=20)
+    train = {"source": "dapo_math", "kind": "dapo", "path": str(path), "n": cap or 17398}
+    test_config["data"]["train"] = train
+    test_config["data"]["tasks"]["add_sub"]["source"] = "synthetic"
+    test_config["data"]["tasks"]["add_sub"]["family"] = "add_sub"
+    cfg = validate_config(test_config)
+    summary = prepare(cfg["data"], tmp_path / "out")
+    train = read_rows(tmp_path / "out" / "train.jsonl")
+    prompts = [r["prompt"] for r in train]
+    want = min(cap or 10, 10)
+    # cap 100: the first 100 rows of the copy hold 10 prompts x 10 copies; now each prompt once
+    assert len(prompts) == len(set(prompts)) == want
+    assert [r["answer"] for r in train] == [str(2 * i) for i in range(want)]  # first occurrence kept
+    counts = {"records": 200, "repeats_dropped": 190, "conflicting_answers": 1, "distinct": 10}
+    assert summary["train"]["source"] == counts
+    assert summary["train"]["rows"] == want
+
+
 # ------------------------------------------------------------------ local files: file:line, as written
 
 MATH_OK = {"problem": "What is 10 + 23?", "answer": "033"}

@@ -63,19 +63,44 @@ def build_eval_sets(data_cfg: dict, skipped: dict[str, list[str]] | None = None)
     return {name: build_eval_set(data_cfg, name, skipped) for name in data_cfg["tasks"]}
 
 
-def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None) -> list[Row]:
+def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None) -> tuple[list[Row], dict]:
+    """The training rows and how a real source's copy was reduced to them ({records, repeats_dropped,
+    conflicting_answers, distinct}; null counts for a synthetic set, whose prompts are distinct by
+    construction).
+
+    A real source is de-duplicated within itself by normalized prompt BEFORE the cap ``data.train.n``:
+    the hub copy of DAPO-Math-17k holds each of its 17,398 prompts ~100 times (1.79M rows), so the first
+    n rows of it would hold ~n/100 distinct prompts. The first occurrence of a prompt is kept; copies
+    whose answer differs from the kept one are counted (``conflicting_answers``)."""
     train = data_cfg["train"]
     skipped = {} if skipped is None else skipped
+    stats: dict = dict.fromkeys(("records", "repeats_dropped", "conflicting_answers", "distinct"))
     if train["source"] == "synthetic":
         rows = synthetic.generate(train["family"], train["n"], data_cfg["seed"], "train", side="train")
     else:
-        rows = load_dataset_rows(
-            train["source"], "train", train.get("path"), train["n"], _on_bad_row(data_cfg),
+        loaded = load_dataset_rows(
+            train["source"], "train", train.get("path"), None, _on_bad_row(data_cfg),
             skipped.setdefault("train", []),
         )  # fmt: skip
+        rows, stats = distinct_prompts(loaded)
+        rows = rows[: train["n"]] if train["n"] else rows
     for row in rows:
         row["kind"] = train["kind"]
-    return rows
+    return rows, stats
+
+
+def distinct_prompts(rows: list[Row]) -> tuple[list[Row], dict]:
+    """``rows`` with each normalized prompt once (first occurrence, order kept) and the counts."""
+    first: dict[str, Row] = {}
+    conflicting = 0
+    for row in rows:
+        key = synthetic.normalize_prompt(row["prompt"])
+        kept = first.setdefault(key, row)
+        if kept is not row and str(kept["answer"]) != str(row["answer"]):
+            conflicting += 1
+    kept_rows = list(first.values())
+    return kept_rows, {"records": len(rows), "repeats_dropped": len(rows) - len(kept_rows),
+                       "conflicting_answers": conflicting, "distinct": len(kept_rows)}  # fmt: skip
 
 
 def deduplicate(train: list[Row], eval_sets: dict[str, list[Row]]) -> tuple[list[Row], dict[str, int]]:
@@ -148,7 +173,7 @@ def prepare_train(
     skipped: dict[str, list[str]],
 ) -> dict:
     """train.jsonl (deduplicated against the REAL eval sets), sft.jsonl and prepare.json."""
-    train = build_train_set(data_cfg, skipped)
+    train, within = build_train_set(data_cfg, skipped)
     n_before = len(train)
     dropped = dict.fromkeys(real_eval_sets, 0)
     if data_cfg["dedup"]:
@@ -165,6 +190,7 @@ def prepare_train(
         "train": {
             "rows": len(train),
             "before_dedup": n_before,
+            "source": within,
             "dropped_total": sum(dropped.values()),
             "dropped_by_eval_task": dropped,
         },
@@ -178,7 +204,8 @@ def prepare_train(
         },
     }
     write_json(out / "prepare.json", summary)
-    log.info("train rows %d (dropped %d duplicates of eval prompts)", len(train), sum(dropped.values()))
+    log.info("train rows %d (dropped %d duplicates of eval prompts; the source's copy: %s)", len(train),
+             sum(dropped.values()), within)  # fmt: skip
     _warn_skipped(skipped)
     return summary
 

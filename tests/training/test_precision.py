@@ -153,6 +153,8 @@ def test_grpo_config_mapping_default(default_config):
     # precision: no autocast in the fp32 arm (GRPOConfig's default would be bf16=True)
     assert args.bf16 is False and args.fp16 is False
     assert args.activation_checkpointing is False and args.gradient_checkpointing is False
+    on = grpo_config({**train, "activation_checkpointing": True}, mode, 3, "/tmp/unused", world_size=1)
+    assert on.activation_checkpointing is True
     assert args.disable_dropout is False
     # batch geometry: 16 prompts x 8 generations per optimizer step, 4 optimizer steps per rollout
     assert args.per_device_train_batch_size == 16 * 8

@@ -44,7 +44,8 @@
 | health                      | not TRL: ``train_health`` (divergence bounds)                               |
 | (precision mode)            | bf16 / fp16 = autocast (ALWAYS explicit), disable_dropout False,            |
 |                             | full_determinism False: see ``precision``                                   |
-| (fixed)                     | seed = run seed, activation_checkpointing False, logging_steps 1,           |
+| activation_checkpointing    | activation_checkpointing (TRL's default on; ours off: the schema says why)  |
+| (fixed)                     | seed = run seed, logging_steps 1,                                           |
 |                             | disable_tqdm, scale_rewards group, shuffle_dataset, use_cpu when            |
 |                             | there is no CUDA device (bf16 autocast on CPU needs it)                     |
 """
@@ -204,7 +205,7 @@ def grpo_config(
         vllm_gpu_memory_utilization=float(train_cfg["vllm"]["gpu_memory_utilization"]),
         vllm_max_model_length=train_cfg["vllm"]["max_model_len"],
         **importance_sampling_args(train_cfg),
-        activation_checkpointing=False,  # TRL defaults gradient checkpointing ON
+        activation_checkpointing=bool(train_cfg["activation_checkpointing"]),  # TRL's default is ON
         save_strategy="steps",
         save_steps=save_steps(train_cfg),
         save_total_limit=1,
