@@ -2,11 +2,12 @@
 # constraints, code versions. Paths and run names come from workflow_scripts/runtime/paths.py, config rules
 # from workflow_scripts/runtime/config.py; nothing here re-implements them.
 import os
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from workflow_scripts.runtime import eval_matmul, paths
+from workflow_scripts.runtime import eval_matmul, memory_plan, paths
 from workflow_scripts.runtime.codehash import code_version
 from workflow_scripts.runtime.config import ConfigError, workflow_config
 from workflow_scripts.runtime.resources import job_threads as _job_threads, snakemake_resources, train_processes
@@ -21,6 +22,9 @@ except ConfigError as err:
     raise WorkflowError(str(err)) from None
 config.clear()
 config.update(_validated)
+# The GPU memory plan of a config whose train job has GPUs (a config that does not fit was refused above).
+if _plan := memory_plan.table(config):
+    print(_plan, file=sys.stderr)
 # Inherited by every job (jobs copy this process's environment; Snakemake itself sets
 # OMP_NUM_THREADS & co to the rule's threads). The OpenMP wait policy is left to each job
 # (workflow_scripts/runtime/threads.py): passive, unless the job's threads cover every CPU it may use.

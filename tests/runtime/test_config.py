@@ -13,6 +13,9 @@ from conftest import REPO, load_test_config, make_workflow_dir, run_snakemake
 from workflow_scripts.runtime import config as cfgmod
 from workflow_scripts.runtime.config import ConfigError, load_config, validate_config
 
+QWEN25_7B = {"num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
+             "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064}  # fmt: skip
+
 
 def _set(path: str, value):
     def mutate(cfg: dict) -> None:
@@ -149,6 +152,15 @@ MALFORMED = {
         "repeats.0.seed",
         "repeats",
     ),
+    "a train job that does not fit its GPU": (
+        lambda c: (
+            _set("resources.train.gpus", 1)(c),
+            _set("gpu.memory_gb", 24)(c),
+            _set("model.architecture", QWEN25_7B)(c),
+        ),
+        "resources.train.gpus: arm 'fp32' needs",
+        "memory",
+    ),
     "an fp32 LM head sampled by vLLM": (
         lambda c: (_set("precisions.bf16.lm_head_dtype", "float32")(c), _set("train.use_vllm", True)(c)),
         "precisions.bf16.lm_head_dtype: train.use_vllm sample with vLLM, which runs the whole model in one",
@@ -274,6 +286,7 @@ ACCEPTANCE = [
     "overlong buffer as long as the completion",
     "negative seed",
     "task named base",
+    "a train job that does not fit its GPU",
 ]
 
 

@@ -55,11 +55,10 @@ def twin_config() -> dict:
     return config
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("gpu_smoke")
-    config_path = root / "config.gpu-smoke-cpu.yaml"
-    config_path.write_text(yaml.safe_dump(twin_config(), sort_keys=False))
+def run_smoke(root: Path, config: dict) -> dict:
+    """bench/gpu_smoke.sh on ``config`` in ``root``: the process, its JSON, the work folder, the config."""
+    config_path = root / "config.gpu-smoke-twin.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     workdir = root / "work"
     env = {**os.environ, "GPU_SMOKE_CONFIG": str(config_path), "GPU_SMOKE_CORES": "2",
            "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"}  # fmt: skip
@@ -68,6 +67,11 @@ def smoke(tmp_path_factory) -> dict:
     out = workdir / "gpu_smoke.json"
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"proc": proc, "json": json.loads(out.read_text()), "workdir": workdir, "config": config_path}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> dict:
+    return run_smoke(tmp_path_factory.mktemp("gpu_smoke"), twin_config())
 
 
 def test_cpu_twin_passes_every_check_that_needs_no_gpu(smoke):

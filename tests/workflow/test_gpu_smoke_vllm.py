@@ -11,14 +11,10 @@ smallest vLLM's CPU attention takes (``VLLM_TINY``).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-import yaml
-from conftest import REPO, VLLM_TINY
-from test_gpu_smoke import EVERYWHERE, GPU_ONLY, VLLM_ONLY, twin_config
+from conftest import VLLM_TINY
+from test_gpu_smoke import EVERYWHERE, GPU_ONLY, VLLM_ONLY, run_smoke, twin_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -35,17 +31,7 @@ def vllm_twin_config() -> dict:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("gpu_smoke_vllm")
-    config_path = root / "config.gpu-smoke-vllm.yaml"
-    config_path.write_text(yaml.safe_dump(vllm_twin_config(), sort_keys=False))
-    workdir = root / "work"
-    env = {**os.environ, "GPU_SMOKE_CONFIG": str(config_path), "GPU_SMOKE_CORES": "2",
-           "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"}  # fmt: skip
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_smoke.sh"), str(workdir)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=1500)  # fmt: skip
-    out = workdir / "gpu_smoke.json"
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"proc": proc, "json": json.loads(out.read_text()), "workdir": workdir}
+    return run_smoke(tmp_path_factory.mktemp("gpu_smoke_vllm"), vllm_twin_config())
 
 
 def test_vllm_twin_passes_every_vllm_check_and_every_check_that_needs_no_gpu(smoke):

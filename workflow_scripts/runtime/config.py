@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from workflow_scripts.runtime import eval_matmul, paths
+from workflow_scripts.runtime import eval_matmul, memory_plan, paths
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = "config.yaml"
@@ -423,6 +423,7 @@ RULES: dict[str, Callable[..., Iterator[Problem]]] = {
     "repeats": lambda c, _: repeat_problems(c),
     "model": lambda c, files: model_problems(c, files),
     "eval_matmul": lambda c, _: eval_matmul.problems(c),
+    "memory": lambda c, _: memory_plan.problems(c),
 }
 
 
