@@ -63,14 +63,19 @@ def test_each_term_by_hand():
     assert memory_plan.engine_needs(dims, "bfloat16", 16) == round(floor, 1)
 
 
-def test_the_paper_config_plans_per_arm_and_fits_8_gpus_of_80_gb():
-    config = load_config(REPO / "config.paper.yaml", check_files=False)
+@pytest.mark.parametrize("name", ["config.paper.yaml", "config.one-node.yaml"])
+def test_the_gpu_configs_plan_per_arm_and_fit_gpus_of_80_gb(name):
+    config = load_config(REPO / name, check_files=False)
     plans = memory_plan.plans(config)
     assert set(plans) == {"fp32", "bf16"}
     assert all(plan["total"] <= config["gpu"]["memory_gb"] for plan in plans.values())
     assert plans["fp32"]["vllm_needs"] <= config["train"]["vllm"]["gpu_memory_utilization"] * 80
     table = memory_plan.table(config)
-    assert "| fp32 |" in table and "| bf16 |" in table and "7.62B parameters" in table
+    assert "| fp32 |" in table and "| bf16 |" in table and "B parameters" in table
+    readme = (REPO / "README.md").read_text()  # the README's plan tables are this code's numbers
+    for arm, plan in plans.items():
+        names = ("weights", "gradients", "optimizer", "activations", "logits", "reference", "vllm", "total")
+        assert f"| {arm} | " + " | ".join(str(plan[k]) for k in names) + " |" in readme, (name, arm)
 
 
 def test_the_paper_config_on_one_gpu_is_refused_naming_the_arm_and_the_shortfall():
