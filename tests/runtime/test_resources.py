@@ -9,7 +9,7 @@ import yaml
 from conftest import REPO, load_test_config, make_workflow_dir, run_snakemake
 
 from workflow_scripts.runtime import resources
-from workflow_scripts.runtime.config import ConfigError, load_schema, validate_config
+from workflow_scripts.runtime.config import ConfigError, load_config, load_schema, validate_config
 
 
 def _config(res: dict | None = None, **train) -> dict:
@@ -33,8 +33,10 @@ def test_defaults_come_from_the_schema():
     config = _config()
     props = load_schema()["properties"]["resources"]["properties"]
     for rule in ("train", "evaluate", "base_model", "default"):
-        want = {key: spec["default"] for key, spec in props[rule]["properties"].items()}
+        specs = props[rule]["properties"]
+        want = {key: spec["default"] for key, spec in specs.items() if key in resources.KEYS}
         assert resources.rule_resources(config, rule if rule != "default" else "aggregate") == want
+    assert props["train"]["properties"]["runtime_min"]["default"] is None  # the profile's runtime
     assert resources.rule_resources(config, "base_model")["cpus"] == 2
     assert resources.rule_resources(config, "train")["mem_mb"] == 4000
 
@@ -141,3 +143,15 @@ def test_a_configfile_with_two_train_gpus_plans_a_two_gpu_train_job(tmp_path):
     assert jobs["evaluate"][1]["gpu"] == "1" and jobs["evaluate"][1]["mem_mb"] == "4000"
     assert jobs["base_model"][0] == 2 and jobs["base_model"][1]["gpu"] == "0"
     assert jobs["prepare_eval"][1]["gpu"] == "0" and "cpus_per_gpu" not in jobs["prepare_eval"][1]
+
+
+def test_a_runtime_in_the_config_grows_with_the_attempt_and_none_leaves_the_profiles():
+    config = validate_config(load_test_config())
+    assert "runtime" not in resources.snakemake_resources(config, "train")
+    config["resources"]["train"]["runtime_min"] = 2880
+    runtime = resources.snakemake_resources(config, "train")["runtime"]
+    assert [runtime(None, attempt) for attempt in (1, 2, 3)] == [2880, 5760, 8640]
+    paper = load_config(REPO / "config.paper.yaml", check_files=False)
+    attempts = 1 + yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())["retries"]
+    total_h = sum(paper["resources"]["train"]["runtime_min"] * k for k in range(1, attempts + 1)) / 60
+    assert total_h >= 150  # the README's upper estimate for one fp32 run of config.paper.yaml

@@ -11,6 +11,8 @@ One place turns the config's ``resources:`` section (schema: ``schemas/config.sc
 | cpus                   | threads (CPU cores of the | CPU job: --cpus-per-task=threads; GPU job:           |
 |                        | whole job)                | --cpus-per-gpu=ceil(threads / gpus) (cpus_per_gpu)   |
 | mem_mb                 | resources.mem_mb          | --mem=mem_mb (MB per node; the job has one node)     |
+| runtime_min (train,    | resources.runtime =       | --time (null: the profile's default-resources)       |
+| evaluate)              | runtime_min x attempt     |                                                      |
 
 The train job's threads are at least its training processes (``train.distributed.processes``, or one per
 GPU when that is null): every process of a multi-process run needs a core of its own.
@@ -52,15 +54,28 @@ def job_threads(config: Mapping, rule: str) -> int:
     return cpus
 
 
-def snakemake_resources(config: Mapping, rule: str) -> dict[str, int]:
-    """The rule's ``resources:``: ``gpu`` and ``mem_mb``, and ``cpus_per_gpu`` on a GPU job.
+def snakemake_resources(config: Mapping, rule: str) -> dict:
+    """The rule's ``resources:``: ``gpu`` and ``mem_mb``, ``cpus_per_gpu`` on a GPU job, and ``runtime``
+    where the config sets ``runtime_min``.
 
     ``cpus_per_gpu`` exists because the SLURM plugin sends ``--cpus-per-task=threads`` even for a GPU
     job unless it is set (snakemake_executor_plugin_slurm_jobstep.get_cpu_setting); rounding up keeps
     the job's cores >= its threads.
     """
     res = rule_resources(config, rule)
-    out = {"gpu": res["gpus"], "mem_mb": res["mem_mb"]}
+    out: dict = {"gpu": res["gpus"], "mem_mb": res["mem_mb"]}
     if res["gpus"] > 0:
         out["cpus_per_gpu"] = math.ceil(job_threads(config, rule) / res["gpus"])
+    minutes = (config["resources"].get(rule) or {}).get("runtime_min")
+    if minutes:
+        out["runtime"] = runtime(int(minutes))
     return out
+
+
+def runtime(minutes: int):
+    """Snakemake's ``runtime`` resource: ``minutes`` per attempt, k x ``minutes`` for attempt k."""
+
+    def per_attempt(wildcards, attempt: int) -> int:
+        return minutes * attempt
+
+    return per_attempt
