@@ -109,7 +109,7 @@ def test_no_gpu_count_memory_or_partition_is_a_constant_in_rules_or_the_profile(
         assert not constant.search(code), (path.name, constant.search(code).group(0))
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     assert profile["default-resources"]["nodes"] == 1
-    for entry in [profile["default-resources"], *profile["set-resources"].values()]:
+    for entry in [profile["default-resources"], *profile.get("set-resources", {}).values()]:
         assert not {"gpu", "mem_mb", "slurm_partition", "cpus_per_gpu", "cpus_per_task"} & set(entry), entry
     partitions = yaml.safe_load((REPO / "profiles" / "slurm" / profile["slurm-partition-config"]).read_text())
     assert partitions["partitions"]["cpu"].get("max_gpu", 0) == 0 < partitions["partitions"]["gpu"]["max_gpu"]
