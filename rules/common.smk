@@ -116,16 +116,35 @@ def all_targets():
 # ------------------------------------------------------------ evaluate (rules/evaluate.smk, H-fast's)
 
 
+# The job's shape (config eval.jobs): one (run, task), or every task of a run.
+EVAL_PER_RUN = config["eval"]["jobs"] == "per_run"
+EVALUATE_JOB = "{run}" if EVAL_PER_RUN else "{run}/{task}"
+
+
+def evaluate_outputs(path_of):
+    """The evaluate job's files of one kind: {run}/{task} (per_task), or every task of {run} (per_run)."""
+    if EVAL_PER_RUN:
+        return [str(path_of("{run}", t)) for t in TASKS]
+    return str(path_of("{run}", "{task}"))
+
+
+def evaluate_task_names(wildcards):
+    """The tasks of one evaluate job: its task (eval.jobs per_task) or every task (per_run)."""
+    return [wildcards.task] if "task" in wildcards.keys() else TASKS
+
+
 def evaluate_inputs(wildcards):
-    """Model, base model, eval data and (for a trained run) its reference base run's samples of the task."""
+    """Model, base model, the job's tasks' eval data and (for a trained run) its reference base run's
+    samples of them (a list per key in a per_run job, in the order of evaluate_tasks)."""
+    tasks = evaluate_task_names(wildcards)
     inputs = {
         "model": str(paths.model_dir(wildcards.run)),
         "base": str(paths.base_model_dir()),
-        "data": str(paths.eval_data(wildcards.task)),
+        "data": [str(paths.eval_data(t)) for t in tasks],
     }
     reference = paths.reference_run(config, wildcards.run)
     if reference != wildcards.run:
-        inputs["base_samples"] = str(paths.eval_samples(reference, wildcards.task))
+        inputs["base_samples"] = [str(paths.eval_samples(reference, t)) for t in tasks]
     return inputs
 
 
@@ -139,5 +158,6 @@ def evaluate_matmul(wildcards):
     return eval_matmul.bf16_matmul(config, wildcards.run)
 
 
-def evaluate_task(wildcards):
-    return config["data"]["tasks"][wildcards.task]
+def evaluate_tasks(wildcards):
+    """{task: its data.tasks entry} of the job's tasks, in job order."""
+    return {t: config["data"]["tasks"][t] for t in evaluate_task_names(wildcards)}

@@ -16,7 +16,7 @@ import os
 import pandas as pd
 
 from workflow_scripts import evaluate
-from workflow_scripts.measures.eval_summary import finite, summarize
+from workflow_scripts.measures.eval_summary import finite, score, summarize
 from workflow_scripts.models.loading import load_run_model
 from workflow_scripts.models.modeling import load_tokenizer
 from workflow_scripts.tasks.rows import read_rows
@@ -37,7 +37,7 @@ def evaluate_job(
     completions, info = evaluate.generate(
         model_dir, [r["prompt"] for r in rows], eval_cfg, task_cfg["max_new_tokens"], seed
     )
-    samples = evaluate.score(rows, completions, task_cfg["kind"], eval_cfg, run=run, task=task)
+    samples = score(rows, completions, task_cfg["kind"], eval_cfg, run=run, task=task)
     summary = summarize(samples, eval_cfg["n_samples"], base_samples)
     summary.update(
         run=run,

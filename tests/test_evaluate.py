@@ -6,6 +6,7 @@ import copy
 import itertools
 import json
 import math
+import os
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -15,16 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
-from workflow_scripts.evaluate import (
-    SAMPLE_COLUMNS,
-    derive_seed,
-    generate,
-    kl_prompt_indices,
-    score,
-)
+from workflow_scripts.evaluate import derive_seed, generate, kl_prompt_indices
 from workflow_scripts.evaluate import run as evaluate
 from workflow_scripts.measures import passk
-from workflow_scripts.measures.eval_summary import summarize
+from workflow_scripts.measures.eval_summary import SAMPLE_COLUMNS, score, summarize
 from workflow_scripts.models.generation import (
     NEUTRAL_GENERATION,
     Completion,
@@ -502,6 +497,28 @@ def test_evaluate_rule_for_base_writes_pass_at_1_and_kl_in_one_job(tmp_path):
     jobs = planned_jobs(wf, f"results/eval/bf16-s1/{tasks[0]}.json")
     assert jobs == {"train": 1, "evaluate": 2}  # + base-bfloat16, the bf16 arm's reference
 
+    # eval.jobs per_run: one job evaluates every task of the run, with the same numbers
+    per_task = {f: (wf / "results/eval/base" / f).read_bytes() for f in os.listdir(wf / "results/eval/base")}
+    set_key(cfg, "eval.jobs", "per_run")
+    assert planned_jobs(wf, *targets) == {"evaluate": 1}
+    proc = run_snakemake(wf, *targets, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (wf / "logs/evaluate/base.log").read_text()
+    assert log.count("STARTUP {") == 1 and log.count("models loaded in") == 1  # loaded once for all tasks
+    for name, before in per_task.items():
+        after = (wf / "results/eval/base" / name).read_bytes()
+        if name.endswith(".parquet"):
+            assert after == before, name
+        else:
+            old, new = json.loads(before), json.loads(after)
+            if not name.endswith(".kl.json"):  # the summary records how many tasks its job evaluated
+                assert (old["timing"]["tasks_in_job"], new["timing"]["tasks_in_job"]) == (1, len(tasks))
+            assert {**new, "timing": None} == {**old, "timing": None}, name
+    set_key(cfg, "eval.kl_samples", 3)  # the rerun unit is the run's evaluation: one job, every task
+    assert planned_jobs(wf, *targets) == {"evaluate": 1}
+    jobs = planned_jobs(wf, f"results/eval/bf16-s1/{tasks[0]}.json")
+    assert jobs == {"train": 1, "evaluate": 2}  # base-bfloat16 (every task) and the run
+
 
 # ------------------------------------------------------------------- bf16_matmul: the training path
 
@@ -527,7 +544,7 @@ def test_the_rule_passes_the_arms_bf16_matmul_and_the_evaluation_records_that_pa
     smk = _Named(
         input=_Named(model=str(run_dir), base=str(base_dir), data=str(_data(tmp_path))),
         output=_Named(samples=str(out / "s.parquet"), summary=str(out / "s.json"), kl=str(out / "kl.json")),
-        params=_Named(eval=EVAL_CFG, task={"kind": "integer", "role": "on_task", "max_new_tokens": 4},
+        params=_Named(eval=EVAL_CFG, tasks={"t": {"kind": "integer", "role": "on_task", "max_new_tokens": 4}},
                       reference=paths.reference_spec(config, "bf16-s1"), trust_remote_code=False,
                       bf16_matmul=eval_matmul.bf16_matmul(config, "bf16-s1")),
         wildcards=_Named(run="bf16-s1", task="t"),

@@ -85,13 +85,13 @@ import hashlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 
-import pandas as pd
 import torch
 
-from workflow_scripts.measures.eval_summary import finite, summarize
-from workflow_scripts.models.generation import Completion, sample_completions, stop_token_ids
-from workflow_scripts.models.loading import dtype_of, load_pair, load_run_model, saved_dtype
+from workflow_scripts.measures.eval_summary import finite, score, summarize
+from workflow_scripts.models.generation import Completion, sample_completions
+from workflow_scripts.models.loading import dtype_of, load_pair, load_run_model
 from workflow_scripts.models.modeling import load_tokenizer
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_json, write_parquet
@@ -103,10 +103,6 @@ from workflow_scripts.training.bf16_matmul import resolve as resolve_matmul
 
 log = logging.getLogger("evaluate")
 
-SAMPLE_COLUMNS = (
-    "run", "task", "prompt_id", "prompt_index", "sample_index", "completion", "extracted", "correct",
-    "status", "length", "truncated",
-)  # fmt: skip
 BACKENDS = ("hf", "vllm")
 
 
@@ -136,15 +132,27 @@ def generate(
     tokenizer=None,
     dtype: str | None = None,
     threads: int | None = None,
+    engine=None,
 ) -> tuple[list[Completion], dict]:
     """``eval.n_samples`` completions per prompt (prompt-major) and {backend, dtype, generate_s, vllm}
-    (vllm: the engine's record, ``vllm_engine.engine_record``; None on the hf backend).
+    (vllm: the engine's record, ``vllm_engine.engine_record`` + start_s and this call's sample_s; None on
+    the hf backend).
 
     ``model``/``tokenizer``: already loaded ones (hf backend; the evaluate job loads them once for
-    sampling and KL); else loaded from ``model_dir`` in ``dtype`` (default: the saved dtype)."""
+    sampling and KL); else loaded from ``model_dir`` in ``dtype`` (default: the saved dtype). ``engine``:
+    an open ``EvalEngine`` (vllm backend; the per-run job samples every task through one); else one is
+    started for this call and shut down before it returns."""
     backend = eval_cfg["backend"]
     _check_backend(backend)
     tokenizer = tokenizer or load_tokenizer(model_dir, trust_remote_code)
+    if backend == "vllm" and engine is None:
+        from workflow_scripts.models.vllm_backend import open_engine
+
+        with open_engine(model_dir, tokenizer, eval_cfg.get("vllm"), dtype, seed, threads) as engine:
+            completions, info = generate(model_dir, prompts, eval_cfg, max_new_tokens, seed,
+                                         trust_remote_code, tokenizer=tokenizer, engine=engine)  # fmt: skip
+        info["generate_s"] = round(info["generate_s"] + info["vllm"]["start_s"], 3)
+        return completions, info
     start = time.perf_counter()
     common = {
         "n_samples": eval_cfg["n_samples"],
@@ -153,23 +161,11 @@ def generate(
         "max_new_tokens": max_new_tokens,
         "seed": seed,
     }
-    engine = None
+    record = None
     if backend == "vllm":
-        from workflow_scripts.models.vllm_backend import import_vllm, sample_completions_vllm
-
-        import_vllm()  # fail before anything is loaded
-        dtype = dtype or saved_dtype(model_dir)
-        from transformers import GenerationConfig
-
-        try:
-            gen_cfg = GenerationConfig.from_pretrained(model_dir)
-        except OSError:  # no generation_config.json: the tokenizer's eos only
-            gen_cfg = None
-        stops = stop_token_ids(None, tokenizer, gen_cfg)
-        completions, engine = sample_completions_vllm(
-            model_dir, tokenizer, prompts, dtype=dtype, stop_ids=stops, engine=eval_cfg.get("vllm"),
-            threads=threads, **common,
-        )  # fmt: skip
+        completions, seconds = engine.sample(prompts, **common)
+        dtype = engine.record["model_dtype"]
+        record = engine.record | {"sample_s": round(seconds, 3)}
     else:
         if model is None:
             model, dtype = load_run_model(model_dir, trust_remote_code, dtype=dtype)
@@ -184,57 +180,8 @@ def generate(
             **common,
         )
     info = {"backend": backend, "dtype": dtype, "generate_s": round(time.perf_counter() - start, 3),
-            "vllm": engine}  # fmt: skip
+            "vllm": record}  # fmt: skip
     return completions, info
-
-
-# --------------------------------------------------------------------------------------- score
-
-
-def score(
-    rows: list[Row],
-    completions: list[Completion],
-    kind: str,
-    eval_cfg: dict,
-    workers: int = 1,
-    run: str = "",
-    task: str = "",
-    settings: dict | None = None,
-) -> pd.DataFrame:
-    """One row per completion (``SAMPLE_COLUMNS``), verified by the task's verifier (``settings``: the
-    task's ``verifier`` block, None = the verifier's defaults)."""
-    from workflow_scripts.verify.verifiers import VERIFIERS, verify_batch
-
-    timeout = eval_cfg[VERIFIERS[kind].timeout_key]
-    rows_of = [rows[c.prompt_index] for c in completions]
-    verdicts = verify_batch(
-        kind,
-        [c.text for c in completions],
-        [str(r["answer"]) for r in rows_of],
-        [r["meta"] for r in rows_of],
-        timeout=timeout,
-        workers=max(1, workers),
-        prompts=[r["prompt"] for r in rows_of],
-        settings=settings,
-    )
-    frame = pd.DataFrame(
-        {
-            "run": run,
-            "task": task,
-            "prompt_id": [str(r["id"]) for r in rows_of],
-            "prompt_index": [c.prompt_index for c in completions],
-            "sample_index": [c.sample_index for c in completions],
-            "completion": [c.text for c in completions],
-            "extracted": [v.extracted for v in verdicts],
-            "correct": [bool(v.correct) for v in verdicts],
-            "status": [v.status for v in verdicts],
-            "length": [c.num_tokens for c in completions],
-            "truncated": [bool(c.truncated) for c in completions],
-        },
-        columns=list(SAMPLE_COLUMNS),
-    )
-    types = {"prompt_index": "int32", "sample_index": "int32", "length": "int32"}
-    return frame.astype({**types, "correct": bool, "truncated": bool})
 
 
 # ------------------------------------------------------------------------------------------ KL
@@ -295,6 +242,20 @@ def _read_task_rows(data_path: str | os.PathLike, kind: str) -> list[Row]:
     return rows
 
 
+@dataclass(frozen=True)
+class TaskJob:
+    """One task of an evaluate job: its settings, eval data, three outputs and (for a trained run) the
+    reference base run's samples of the task, which pair dJ."""
+
+    task: str
+    cfg: dict
+    data: str | os.PathLike
+    samples_out: str | os.PathLike
+    summary_out: str | os.PathLike
+    kl_out: str | os.PathLike
+    base_samples: str | os.PathLike | None = None
+
+
 def run(
     *,
     model: str | os.PathLike,
@@ -307,97 +268,144 @@ def run(
     task_cfg: dict,
     run: str,
     task: str,
+    base_samples: str | os.PathLike | None = None,
+    **job,
+) -> tuple[dict, dict]:
+    """One (run, task) -> its samples, summary and KL files (``run_tasks`` with one task). Returns
+    (summary, kl)."""
+    one = TaskJob(task, task_cfg, data, samples_out, summary_out, kl_out, base_samples)
+    return run_tasks(model=model, base=base, tasks=[one], eval_cfg=eval_cfg, run=run, **job)[0]
+
+
+def run_tasks(
+    *,
+    model: str | os.PathLike,
+    base: str | os.PathLike,
+    tasks: list[TaskJob],
+    eval_cfg: dict,
+    run: str,
     reference_run: str | None = None,
     policy_dtype: str | None = None,
     reference_dtype: str | None = None,
-    base_samples: str | os.PathLike | None = None,
     threads: int = 1,
     trust_remote_code: bool = False,
     bf16_matmul: str = "auto",
-) -> tuple[dict, dict]:
-    """The ``evaluate`` rule: one (run, task) -> samples, summary and KL files, written atomically.
+) -> list[tuple[dict, dict]]:
+    """The ``evaluate`` rule: one run on one task (``eval.jobs: per_task``) or on every task
+    (``per_run``), each task's samples, summary and KL files written atomically when it is done.
+
+    The tokenizer, the vLLM engine (backend vllm: every task sampled through one start, then shut down),
+    the policy and the reference are loaded once per job, whatever its number of tasks; every number of a
+    task is the same in both job shapes (its seeds depend on the run and the task only).
 
     ``model`` in ``policy_dtype`` (None: as saved) is the policy; ``base`` in ``reference_dtype`` (None:
-    the policy's dtype) the KL reference; ``base_samples`` (the reference run's samples of this task)
-    pairs dJ; ``bf16_matmul`` how a bf16 model's products run (``bf16_matmul.resolve``: auto = emulated
-    on a CPU without bf16 GEMM kernels; recorded as ``bf16_matmul`` in both files): the rule and the CLI
-    pass the run's training setting (``runtime.eval_matmul``). Returns (summary, kl)."""
+    the policy's dtype) the KL reference; a task's ``base_samples`` pair dJ; ``bf16_matmul`` how a bf16
+    model's products run (``bf16_matmul.resolve``: auto = emulated on a CPU without bf16 GEMM kernels;
+    recorded as ``bf16_matmul`` in both files): the rule and the CLI pass the run's training setting
+    (``runtime.eval_matmul``). Returns [(summary, kl)] in the order of ``tasks``."""
     startup_s = process_age_s()
     limit_threads(threads)
     reference_run = reference_run or run
-    kind = task_cfg["kind"]
-    rows = _read_task_rows(data, kind)
-    max_new = task_cfg["max_new_tokens"]
-    prompts = [r["prompt"] for r in rows]
-    seed = derive_seed(eval_cfg["seed"], paths.stream_run(run), task, "eval")  # a repeat: its run's
-    log.info("%s/%s: %d problems x %d samples, seed %d", run, task, len(rows), eval_cfg["n_samples"], seed)
+    rows = {job.task: _read_task_rows(job.data, job.cfg["kind"]) for job in tasks}  # every input, first
+    stream = paths.stream_run(run)  # a repeat draws its run's streams
+    seeds = {job.task: derive_seed(eval_cfg["seed"], stream, job.task, "eval") for job in tasks}
+    for job in tasks:
+        log.info("%s/%s: %d problems x %d samples, seed %d", run, job.task, len(rows[job.task]),
+                 eval_cfg["n_samples"], seeds[job.task])  # fmt: skip
     start = time.perf_counter()
     tokenizer = load_tokenizer(model, trust_remote_code)
     load_s = time.perf_counter() - start
-    completions = info = None
+    generated: dict[str, tuple[list[Completion], dict]] = {}
     if eval_cfg["backend"] == "vllm":  # vLLM holds the GPU while it samples: models after it
-        completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code,
-                                     tokenizer=tokenizer, dtype=policy_dtype, threads=threads)  # fmt: skip
+        from workflow_scripts.models.vllm_backend import open_engine
+
+        with open_engine(model, tokenizer, eval_cfg.get("vllm"), policy_dtype, seeds[tasks[0].task],
+                         threads) as engine:
+            for job in tasks:
+                generated[job.task] = generate(
+                    model, [r["prompt"] for r in rows[job.task]], eval_cfg, job.cfg["max_new_tokens"],
+                    seeds[job.task], trust_remote_code, tokenizer=tokenizer, engine=engine,
+                )  # fmt: skip
+        log.info("vLLM engine: started in %.1fs, sampled %d task(s), shut down", engine.record["start_s"],
+                 len(tasks))  # fmt: skip
     start = time.perf_counter()
     policy, reference = load_pair(model, base, policy_dtype, reference_dtype, trust_remote_code)
     load_s += time.perf_counter() - start
     log_startup(startup_s, load_s)
-    log.info("%s/%s: started after %.1fs, tokenizer and models loaded in %.1fs (policy %s, reference %s)",
-             run, task, startup_s, load_s, dtype_of(policy), dtype_of(reference))  # fmt: skip
+    log.info("%s: started after %.1fs, tokenizer and models loaded in %.1fs (policy %s, reference %s)",
+             run, startup_s, load_s, dtype_of(policy), dtype_of(reference))  # fmt: skip
     bf16 = "bfloat16" in (dtype_of(policy), dtype_of(reference))
     matmul = resolve_matmul(bf16_matmul, next(policy.parameters()).device.type) if bf16 else "native"
-    if completions is None:
-        with matmul_context(matmul):
-            completions, info = generate(model, prompts, eval_cfg, max_new, seed, trust_remote_code,
-                                         model=policy, tokenizer=tokenizer,
-                                         dtype=dtype_of(policy))  # fmt: skip
-    log.info("generated %d completions in %.1fs (%s, %s)", len(completions), info["generate_s"],
-             info["backend"], info["dtype"])  # fmt: skip
+    shared = {"run": run, "reference_run": reference_run, "model_dir": str(model), "startup_s": startup_s,
+              "load_s": load_s, "tasks_in_job": len(tasks), "matmul": matmul if bf16 else None}  # fmt: skip
+    results = []
+    for job in tasks:
+        if job.task not in generated:
+            with matmul_context(matmul):
+                generated[job.task] = generate(
+                    model, [r["prompt"] for r in rows[job.task]], eval_cfg, job.cfg["max_new_tokens"],
+                    seeds[job.task], trust_remote_code, model=policy, tokenizer=tokenizer,
+                    dtype=dtype_of(policy),
+                )  # fmt: skip
+        completions, info = generated.pop(job.task)
+        results.append(_finish_task(job, rows[job.task], completions, info, seeds[job.task], policy,
+                                    reference, tokenizer, eval_cfg, threads, shared))  # fmt: skip
+    return results
+
+
+def _finish_task(job: TaskJob, rows: list[Row], completions: list[Completion], info: dict, seed: int,
+                 policy, reference, tokenizer, eval_cfg: dict, threads: int,
+                 shared: dict) -> tuple[dict, dict]:  # fmt: skip
+    """Score, summarize and measure KL for one task of a job, then write its three files."""
+    run, task, reference_run, matmul = shared["run"], job.task, shared["reference_run"], shared["matmul"]
+    log.info("%s/%s: generated %d completions in %.1fs (%s, %s)", run, task, len(completions),
+             info["generate_s"], info["backend"], info["dtype"])  # fmt: skip
     start = time.perf_counter()
-    samples = score(rows, completions, kind, eval_cfg, workers=threads, run=run, task=task,
-                    settings=task_cfg.get("verifier"))  # fmt: skip
+    samples = score(rows, completions, job.cfg["kind"], eval_cfg, workers=threads, run=run, task=task,
+                    settings=job.cfg.get("verifier"))  # fmt: skip
     score_s = time.perf_counter() - start
-    paired = read_parquet(base_samples) if base_samples and reference_run != run else None
+    paired = read_parquet(job.base_samples) if job.base_samples and reference_run != run else None
     summary = summarize(samples, eval_cfg["n_samples"], paired)
     summary.update(
         run=run,
         task=task,
-        kind=kind,
-        role=task_cfg.get("role"),
+        kind=job.cfg["kind"],
+        role=job.cfg.get("role"),
         backend=info["backend"],
         dtype=info["dtype"],
         vllm=info["vllm"],
-        bf16_matmul=matmul if bf16 else None,
-        model_dir=str(model),
+        bf16_matmul=matmul,
+        model_dir=shared["model_dir"],
         seed=seed,
         reference_run=reference_run,
         sampling={
             "temperature": eval_cfg["temperature"],
             "top_p": eval_cfg["top_p"],
-            "max_new_tokens": max_new,
+            "max_new_tokens": job.cfg["max_new_tokens"],
             "n_samples": eval_cfg["n_samples"],
         },
         timing={
-            "startup_s": round(startup_s, 3),
-            "load_s": round(load_s, 3),
+            "startup_s": round(shared["startup_s"], 3),
+            "load_s": round(shared["load_s"], 3),
+            "tasks_in_job": shared["tasks_in_job"],
             "generate_s": info["generate_s"],
             "score_s": round(score_s, 3),
             "completions_per_s": round(len(completions) / max(info["generate_s"], 1e-9), 2),
         },
     )
     summary = finite(summary)
-    with matmul_context(matmul):
-        kl = measure_kl(policy, reference, tokenizer, rows, eval_cfg, max_new, run, task)
+    with matmul_context(matmul or "native"):
+        kl = measure_kl(policy, reference, tokenizer, rows, eval_cfg, job.cfg["max_new_tokens"], run, task)
     kl.update(
         reference_run=reference_run,
         policy_dtype=dtype_of(policy),
         reference_dtype=dtype_of(reference),
-        bf16_matmul=matmul if bf16 else None,
+        bf16_matmul=matmul,
     )
     kl = finite(kl)
-    write_parquet(samples_out, samples)
-    write_json(summary_out, summary)
-    write_json(kl_out, kl)
+    write_parquet(job.samples_out, samples)
+    write_json(job.summary_out, summary)
+    write_json(job.kl_out, kl)
     log.info("%s/%s: pass@1 %.4f +- %s; counts %s; dJ %s vs %s", run, task, summary["pass_at_1"],
              summary["pass_at_1_se"], summary["counts"], summary["dJ"], reference_run)  # fmt: skip
     log.info("%s/%s: KL k1 %.4g +- %s, k3 %.4g +- %s (%d prompts x %d) vs %s in %s", run, task, kl["k1_mean"],
@@ -407,18 +415,30 @@ def run(
 
 
 def from_snakemake(smk) -> None:
-    run(
+    """Both job shapes of the rule (rules/evaluate.smk): one task (wildcard ``task``, outputs are files) or
+    every task of the run (``eval.jobs: per_run``: outputs, data and base samples are lists in the order of
+    ``params.tasks``)."""
+    tasks = dict(smk.params.tasks)
+    names = list(tasks)
+
+    def per_task(files) -> list:
+        return [files] if isinstance(files, str) else list(files)
+
+    base_samples = smk.input.get("base_samples")
+    base_samples = per_task(base_samples) if base_samples else [None] * len(names)
+    jobs = [
+        TaskJob(task, dict(tasks[task]), data, samples, summary, kl, paired)
+        for task, data, samples, summary, kl, paired in zip(
+            names, per_task(smk.input.data), per_task(smk.output.samples), per_task(smk.output.summary),
+            per_task(smk.output.kl), base_samples, strict=True,
+        )
+    ]  # fmt: skip
+    run_tasks(
         model=smk.input.model,
         base=smk.input.base,
-        data=smk.input.data,
-        samples_out=smk.output.samples,
-        summary_out=smk.output.summary,
-        kl_out=smk.output.kl,
+        tasks=jobs,
         eval_cfg=dict(smk.params.eval),
-        task_cfg=dict(smk.params.task),
         run=smk.wildcards.run,
-        task=smk.wildcards.task,
-        base_samples=smk.input.get("base_samples"),
         threads=smk.threads,
         trust_remote_code=smk.params.trust_remote_code,
         bf16_matmul=smk.params.bf16_matmul,  # the run's training path (runtime/eval_matmul.py)
@@ -428,11 +448,11 @@ def from_snakemake(smk) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Evaluate a run on a task: pass@1 and KL to its reference base."
+        description="Evaluate a run on tasks (one job, models loaded once): pass@1 and KL to its base."
     )
     parser.add_argument("--config", default="config.yaml")
     parser.add_argument("--run", default=paths.BASE)
-    parser.add_argument("--task", required=True)
+    parser.add_argument("--task", action="append", help="a task of the config (repeatable; default: all)")
     parser.add_argument("--results", default=paths.RESULTS)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -442,16 +462,20 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(args.config)
     res = args.results
     reference = paths.reference_spec(config, args.run)
-    paired = None
-    if reference["reference_run"] != args.run:
-        paired = paths.eval_samples(reference["reference_run"], args.task, res)
-    run(model=paths.model_dir(args.run, res), base=paths.base_model_dir(res),
-        data=paths.eval_data(args.task, res), samples_out=paths.eval_samples(args.run, args.task, res),
-        summary_out=paths.eval_summary(args.run, args.task, res),
-        kl_out=paths.kl_summary(args.run, args.task, res),
-        eval_cfg=config["eval"], task_cfg=config["data"]["tasks"][args.task], run=args.run, task=args.task,
-        base_samples=paired, threads=args.threads, trust_remote_code=config["model"]["trust_remote_code"],
-        bf16_matmul=eval_bf16_matmul(config, args.run), **reference)  # fmt: skip
+    known = config["data"]["tasks"]
+    if unknown := sorted(set(args.task or ()) - set(known)):
+        parser.error(f"--task {', '.join(unknown)}: not in data.tasks of {args.config} ({', '.join(known)})")
+    jobs = [
+        TaskJob(task, known[task], paths.eval_data(task, res), paths.eval_samples(args.run, task, res),
+                paths.eval_summary(args.run, task, res), paths.kl_summary(args.run, task, res),
+                None if reference["reference_run"] == args.run
+                else paths.eval_samples(reference["reference_run"], task, res))
+        for task in (args.task or known)
+    ]  # fmt: skip
+    run_tasks(model=paths.model_dir(args.run, res), base=paths.base_model_dir(res), tasks=jobs,
+              eval_cfg=config["eval"], run=args.run, threads=args.threads,
+              trust_remote_code=config["model"]["trust_remote_code"],
+              bf16_matmul=eval_bf16_matmul(config, args.run), **reference)  # fmt: skip
     return 0
 
 

@@ -38,6 +38,7 @@ from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage co
 # isort: split
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -103,7 +104,13 @@ from workflow_scripts.training.precision import (
     train_seed,
 )
 from workflow_scripts.training.precision_contract import contract_check
-from workflow_scripts.training.ranks import KLPartner, check_distribution, rank_records
+from workflow_scripts.training.ranks import (
+    KLPartner,
+    check_distribution,
+    fsdp_on_cpu,
+    rank_records,
+    shard_reference,
+)
 from workflow_scripts.training.run_record import peak_gpu_memory_gb, versions, vllm_record
 from workflow_scripts.training.train_health import NonFiniteGuard, assess_health
 
@@ -248,11 +255,13 @@ def run(
     policy = load_policy(base_dir, mode, trust)
     start_dtypes = check_param_dtypes(policy, mode)
     representable = representable_update(policy, train_cfg["learning_rate"], mode.rounding)
-    reference = None  # the KL log's base model: only the rank that logs needs it (all of them under FSDP)
+    reference = None  # the KL log's base model: only the rank that logs needs it (under FSDP: sharded)
     if state.is_main_process or sharded:
         reference = load_model(base_dir, model.get("dtype", "float32"), trust).to(device).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
+        if sharded:
+            reference = shard_reference(reference)
 
     logger = MetricsLogger(
         live_metrics,
@@ -265,6 +274,7 @@ def run(
         kl_samples=train_cfg["kl_samples"],
         max_new_tokens=train_cfg["max_completion_length"],
         previous=previous,
+        sharded=sharded,
     )
     from transformers.trainer_callback import PrinterCallback
 
@@ -274,7 +284,8 @@ def run(
         vllm_dtype=rollout_dtype(mode.param_dtype, mode.autocast) if train_cfg["use_vllm"] else None,
         vllm_settings=train_cfg["vllm"],
     )
-    with tracking_env(train_cfg["report_to"], out_dir):  # for the whole training (wandb.init is late)
+    cpu_fsdp = fsdp_on_cpu() if sharded and device == "cpu" else contextlib.nullcontext()
+    with tracking_env(train_cfg["report_to"], out_dir), cpu_fsdp:  # tracking: the whole training
         trainer = trainer_class(
             model=policy,
             reward_funcs=reward_functions(train_cfg, kind, verifier),
@@ -305,7 +316,7 @@ def run(
     train_wall = time.perf_counter() - train_start
     policy = trainer.accelerator.unwrap_model(trainer.model)
     end_dtypes = check_param_dtypes(policy, mode)  # under FSDP: this rank's shards
-    ranks = rank_records(trainer.accelerator, start_dtypes, end_dtypes, probe)
+    ranks = rank_records(trainer.accelerator, start_dtypes, end_dtypes, probe, contract, reference)
     # FSDP: the whole tensors are gathered (a collective: every rank calls it); rank 0 gets them
     full_state = trainer.accelerator.get_state_dict(trainer.model) if sharded else None
 

@@ -133,3 +133,45 @@ def test_the_evaluate_job_samples_with_vllm_before_it_loads_the_kl_models(model_
     assert summary["backend"] == "vllm" and summary["dtype"] == "bfloat16" and summary["N"] == 5
     assert summary["vllm"]["model_dtype"] == "bfloat16" and summary["vllm"]["sample_s"] > 0
     assert kl["policy_dtype"] == kl["reference_dtype"] == "bfloat16" and (out / "kl.json").exists()
+
+
+def test_one_engine_for_all_tasks_of_a_run_gives_each_task_the_samples_of_its_own(model_dirs, tmp_path):
+    """The per-run evaluate job (eval.jobs: per_run) starts one engine for all of a run's tasks; each task's
+    samples, summary and KL equal those of a job that evaluates that task alone (its own engine)."""
+    import json
+
+    import pandas as pd
+
+    from workflow_scripts import evaluate
+    from workflow_scripts.tasks.rows import make_row, write_rows
+
+    eval_cfg = {"n_samples": 3, "temperature": 0.7, "top_p": 0.8, "batch_size": 256, "backend": "vllm",
+                "seed": 0, "verify_timeout": 1.5, "code_timeout": 1.5, "kl_prompts": 3, "kl_samples": 2,
+                "memory_budget_gb": None, "vllm": ENGINE}  # fmt: skip
+    specs = {"adds": ("+", 4), "subs": ("-", 6)}
+    data, cfgs = {}, {}
+    for task, (op, max_new) in specs.items():
+        data[task] = tmp_path / f"{task}.jsonl"
+        rows = [make_row(f"{task}{i}", task, "integer", f"{i}{op}1=", i + 1) for i in range(4)]
+        write_rows(data[task], rows)
+        cfgs[task] = {"kind": "integer", "role": "on_task", "max_new_tokens": max_new}
+
+    def job(task: str, out):
+        return evaluate.TaskJob(task, cfgs[task], data[task], out / f"{task}.parquet", out / f"{task}.json",
+                                out / f"{task}.kl.json")  # fmt: skip
+
+    model = model_dirs["float32"]
+    common = {"model": model, "base": model, "eval_cfg": eval_cfg, "run": "base"}
+    together = tmp_path / "together"
+    evaluate.run_tasks(tasks=[job(t, together) for t in specs], **common)
+    for task in specs:
+        alone = tmp_path / f"alone-{task}"
+        evaluate.run_tasks(tasks=[job(task, alone)], **common)
+        samples = [pd.read_parquet(d / f"{task}.parquet") for d in (together, alone)]
+        assert samples[0].equals(samples[1])
+        one, two = (json.loads((d / f"{task}.json").read_text()) for d in (together, alone))
+        assert one["vllm"]["start_s"] == json.loads((together / "adds.json").read_text())["vllm"]["start_s"]
+        assert (one["timing"]["tasks_in_job"], two["timing"]["tasks_in_job"]) == (2, 1)
+        assert one["correct_counts"] == two["correct_counts"] and one["seed"] == two["seed"]
+        kl = [json.loads((d / f"{task}.kl.json").read_text()) for d in (together, alone)]
+        assert kl[0]["per_prompt_rb"] == kl[1]["per_prompt_rb"]

@@ -166,6 +166,11 @@ MALFORMED = {
         "precisions.bf16.lm_head_dtype: train.use_vllm sample with vLLM, which runs the whole model in one",
         "vllm",
     ),
+    "sleep mode asked of the evaluation engine": (
+        _set("eval.vllm.sleep_mode", True),
+        "eval.vllm.sleep_mode: the evaluation engine runs alone and is shut down after sampling",
+        "vllm",
+    ),
     "bf16 arms sharing a base evaluation with different bf16_matmul": (
         _set("precisions.bf16_emul", {"param_dtype": "bfloat16", "bf16_matmul": "emulated"}),
         "precisions.bf16_emul.bf16_matmul",

@@ -35,7 +35,7 @@ def small_train(**changes) -> dict:
     train = {"prompts_per_step": 4, "num_generations": 4, "gradient_accumulation_steps": 2,
              "max_completion_length": 8, "activation_checkpointing": False, "use_vllm": True,
              "distributed": {"strategy": "fsdp"},
-             "vllm": {"gpu_memory_utilization": 0.5, "max_model_len": 16}}  # fmt: skip
+             "vllm": {"gpu_memory_utilization": 0.5, "max_model_len": 16, "sleep_mode": False}}  # fmt: skip
     train.update(changes)
     return train
 
@@ -51,16 +51,32 @@ def test_each_term_by_hand():
     assert terms["optimizer"] == 2 * 1480 * 4 / 2
     assert terms["activations"] == 2 * 17 * 4 * 16 * 8 * 4  # layers x 17 x b x T x h x 4 bytes
     assert terms["logits"] == 4 * 8 * 10 * (4 + 4)  # b x completion x vocab x (fp32 + fp32 log-softmax)
-    assert terms["reference"] == 1480 * 2 and terms["vllm"] == 0.5 * GiB
+    assert terms["reference"] == 1480 * 2 / 2 and terms["vllm"] == 0.5 * GiB  # sharded like the policy
     ckpt, _, _ = train_terms(dims, fp32, small_train(activation_checkpointing=True), "bfloat16", 2, 1.0)
     assert ckpt["activations"] == 2 * 4 * 16 * 8 * 4 + 17 * 4 * 16 * 8 * 4  # saved inputs + one layer
     bf16 = {"param_dtype": "bfloat16", "autocast": None}
     ddp_train = small_train(distributed={"strategy": "ddp"}, use_vllm=False)
     ddp, _, _ = train_terms(dims, bf16, ddp_train, "bfloat16", 2, 1.0)
     assert ddp["weights"] == 1480 * 2 and ddp["vllm"] == 0 and ddp["logits"] == 4 * 8 * 10 * (2 + 4)
+    assert ddp["reference"] == 1480 * 2  # the logging rank's whole copy
     # the engine's floor: bf16 weights + K and V of one 16-token sequence in every layer
     floor = (1480 * 2 + 2 * 2 * 2 * 4 * 16 * 2) / GiB
     assert memory_plan.engine_needs(dims, "bfloat16", 16) == round(floor, 1)
+
+
+def test_sleep_mode_counts_the_larger_of_the_engine_and_the_trainers_activations_not_their_sum():
+    dims = Dims(layers=2, hidden=8, heads=2, kv_heads=2, intermediate=16, vocab=10, positions=32)
+    fp32 = {"param_dtype": "float32", "autocast": None}
+    awake = memory_plan.train_plan(dims, fp32, small_train(), "bfloat16", processes=2, gpu_gib=1.0)
+    train = small_train()
+    train["vllm"] = {**train["vllm"], "sleep_mode": True}
+    asleep = memory_plan.train_plan(dims, fp32, train, "bfloat16", processes=2, gpu_gib=1.0)
+    terms, _, _ = train_terms(dims, fp32, train, "bfloat16", 2, 1.0)
+    phase = terms["activations"] + terms["logits"]
+    assert awake["total"] == round(sum(terms.values()) / GiB, 1)
+    assert asleep["total"] == round((sum(terms.values()) - terms["vllm"] - phase + max(terms["vllm"], phase))
+                                    / GiB, 1)  # fmt: skip
+    assert asleep["vllm"] == awake["vllm"]  # the table still shows the engine's share
 
 
 @pytest.mark.parametrize("name", ["config.paper.yaml", "config.one-node.yaml"])

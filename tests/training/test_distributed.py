@@ -2,8 +2,9 @@
 policy per arm, and real 2-process gloo runs on CPU (through Snakemake; a second run, killed and resumed,
 that must end bit-identical to an uninterrupted one).
 
-FSDP itself cannot run here: accelerate shards only on accelerators (CPU processes become DDP), so its
-tests stop at the plugin the GRPOConfig builds and at the check that refuses a silent fallback.
+FSDP runs here too: accelerate turns an FSDP plugin into FSDP only on accelerators, so the train stage sets
+that state on CPU processes (``ranks.fsdp_on_cpu``) and torch's FSDP2 shards over gloo; two 2-process
+FSDP runs check the arms' contracts on every rank.
 """
 
 from __future__ import annotations
@@ -111,9 +112,14 @@ def test_more_processes_than_gpus_are_refused():
     )
 
 
-def test_fsdp_on_cpu_or_in_one_process_is_refused():
-    assert "mine.yaml: train.distributed.strategy: fsdp needs GPUs" in _problems({"strategy": "fsdp"})
+def test_fsdp_in_one_process_is_refused_and_on_cpu_processes_it_plans():
+    assert "mine.yaml: train.distributed.strategy: fsdp shards over processes and this run has 1" in (
+        _problems({"strategy": "fsdp"})
+    )
     assert "fsdp shards over processes and this run has 1" in _problems({"strategy": "fsdp"}, gpus=1)
+    config = load_test_config()  # two gloo processes (ranks.fsdp_on_cpu)
+    config["train"]["distributed"] = {"strategy": "fsdp", "processes": 2}
+    validate_config(config, source="mine.yaml", check_files=False)
 
 
 def test_valid_distributed_settings_pass():
@@ -267,3 +273,53 @@ def test_a_killed_two_process_job_stops_its_workers_and_resumes_bit_identically(
     assert bit_identical(uninterrupted, _weights(job))
     base = load_file(tiny_base["base_dir"] / "model.safetensors")
     assert not bit_identical(uninterrupted, base)  # training changed the weights
+
+
+# --------------------------------------------------------------- FSDP on two gloo processes (CPU)
+
+FSDP_ARMS = {
+    "fp32": {"param_dtype": "float32", "autocast": None, "deterministic": True, "dropout": 0.0},
+    "bf16_amp": {"param_dtype": "float32", "autocast": "bfloat16", "deterministic": False, "dropout": 0.0},
+}
+
+
+@pytest.mark.parametrize("arm", sorted(FSDP_ARMS))
+def test_fsdp_on_two_gloo_processes_shards_policy_and_reference_and_keeps_the_contract_on_every_rank(
+    tiny_base, arm
+):
+    """``strategy: fsdp`` on CPU: accelerate runs FSDP2 over gloo (``fsdp_on_cpu``), every rank checks the
+    arm's precision contract at its first optimizer step (fp32 masters, fp32 AdamW states, fp32 gradient
+    reduction under the autocast arm's mixed-precision policy), the KL log's reference is sharded (each
+    rank holds half of it) and measured in lockstep on every rank, and rank 0 saves the whole model."""
+    root = tiny_base["root"] / "fsdp" / arm
+    config = json.loads(json.dumps(tiny_base["config"]))
+    config["precisions"] = dict(FSDP_ARMS)
+    config["train"].update(max_steps=4, checkpoint_every=2, kl_every=2, learning_rate=1e-3)
+    config["train"]["distributed"] = {"processes": 2, "strategy": "fsdp"}
+    data, base = tiny_base["data_dir"], tiny_base["base_dir"]
+    job = job_from_config(config, arm, 1, data, base, root / "out", root / "ckpt")
+    launch_training(job, processes=2, threads=2, log_path=root / "train.log")
+    out = root / "out"
+    run = json.loads((out / "run.json").read_text())
+    assert (run["world_size"], run["strategy"], run["distributed_type"]) == (2, "fsdp", "FSDP")
+    base_weights = load_file(base / "model.safetensors")
+    total = sum(t.numel() for t in base_weights.values())
+    assert [r["rank"] for r in run["ranks"]] == [0, 1]
+    for rank in run["ranks"]:
+        contract = rank["precision_contract"]
+        assert contract["checked"] is True, contract
+        observed = contract["observed"]
+        assert observed["params_body"] == observed["optimizer_state_body"] == "float32", observed
+        assert observed["grad_reduce_dtype"] == "float32"
+        assert observed["autocast"] == FSDP_ARMS[arm]["autocast"]
+        assert rank["dtypes_start"] == rank["dtypes_end"] == {"float32": run["trainable_tensors"]}
+        assert 0 < rank["kl_reference_elements"] < total  # a shard, not a copy
+    assert sum(r["kl_reference_elements"] for r in run["ranks"]) == total
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4]
+    assert [r["kl_rb"] is not None for r in metrics] == [False, True, False, True]
+    saved = load_file(out / "model" / "model.safetensors")  # gathered: whole tensors, not shards
+    assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in base_weights.items()}
+    assert {v.dtype for v in saved.values()} == {torch.float32}
+    assert not bit_identical(saved, base_weights)
+    assert not (root / "ckpt").exists()

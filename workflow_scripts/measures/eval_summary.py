@@ -1,15 +1,71 @@
-"""One run's samples on one task, summarised: pass@1 +- SE, pass@k, status counts, eval-noise variance
-and the dJ paired with the reference base's samples (the estimators themselves: ``passk``)."""
+"""One run's samples on one task: the samples table (``score``: each completion verified, one row each)
+and its summary: pass@1 +- SE, pass@k, status counts, eval-noise variance and the dJ paired with the
+reference base's samples (the estimators themselves: ``passk``)."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from workflow_scripts.measures import passk
 
+if TYPE_CHECKING:  # the readers (aggregate) import this module without torch
+    from workflow_scripts.models.generation import Completion
+    from workflow_scripts.tasks.rows import Row
+
 STATUS_KEYS = ("ok", "no_answer", "timeout", "error")
+SAMPLE_COLUMNS = (
+    "run", "task", "prompt_id", "prompt_index", "sample_index", "completion", "extracted", "correct",
+    "status", "length", "truncated",
+)  # fmt: skip
+
+
+def score(
+    rows: list[Row],
+    completions: list[Completion],
+    kind: str,
+    eval_cfg: dict,
+    workers: int = 1,
+    run: str = "",
+    task: str = "",
+    settings: dict | None = None,
+) -> pd.DataFrame:
+    """One row per completion (``SAMPLE_COLUMNS``), verified by the task's verifier (``settings``: the
+    task's ``verifier`` block, None = the verifier's defaults)."""
+    from workflow_scripts.verify.verifiers import VERIFIERS, verify_batch
+
+    timeout = eval_cfg[VERIFIERS[kind].timeout_key]
+    rows_of = [rows[c.prompt_index] for c in completions]
+    verdicts = verify_batch(
+        kind,
+        [c.text for c in completions],
+        [str(r["answer"]) for r in rows_of],
+        [r["meta"] for r in rows_of],
+        timeout=timeout,
+        workers=max(1, workers),
+        prompts=[r["prompt"] for r in rows_of],
+        settings=settings,
+    )
+    frame = pd.DataFrame(
+        {
+            "run": run,
+            "task": task,
+            "prompt_id": [str(r["id"]) for r in rows_of],
+            "prompt_index": [c.prompt_index for c in completions],
+            "sample_index": [c.sample_index for c in completions],
+            "completion": [c.text for c in completions],
+            "extracted": [v.extracted for v in verdicts],
+            "correct": [bool(v.correct) for v in verdicts],
+            "status": [v.status for v in verdicts],
+            "length": [c.num_tokens for c in completions],
+            "truncated": [bool(c.truncated) for c in completions],
+        },
+        columns=list(SAMPLE_COLUMNS),
+    )
+    types = {"prompt_index": "int32", "sample_index": "int32", "length": "int32"}
+    return frame.astype({**types, "correct": bool, "truncated": bool})
 
 
 def per_problem_counts(samples: pd.DataFrame) -> pd.DataFrame:

@@ -25,6 +25,9 @@ longest answer ends; most answers here end in half the token budget (README, Per
 ``NEUTRAL_GENERATION`` lists the neutral value of every other knob, for a direct ``generate`` call
 (bench/bench_eval.py's baseline).
 
+Under FSDP every rank must run the same forwards (each all-gathers the shards): ``lockstep`` makes every
+rank decode rank 0's tokens, and ``agreed_memory_budget_gb`` gives every rank the same batches.
+
 Generation stops at any of the model's end tokens (the tokenizer's eos plus the generation config's
 ``eos_token_id`` list); ``Completion.stop_token_id`` records which one, so a completion can be
 teacher-forced exactly as it was sampled.
@@ -32,7 +35,9 @@ teacher-forced exactly as it was sampled.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -152,6 +157,43 @@ def memory_budget_bytes(device: torch.device, budget_gb: float | None = None) ->
     import psutil
 
     return int(0.25 * psutil.virtual_memory().available)
+
+
+_LOCKSTEP: list = []  # the process groups whose ranks decode rank 0's tokens (``lockstep``), innermost last
+
+
+@contextlib.contextmanager
+def lockstep(group=None) -> Iterator[None]:
+    """Inside: every rank of ``group`` (None: the default process group) decodes the tokens rank 0 drew.
+
+    A sharded (FSDP) model's forward all-gathers its shards, so every rank must run the same forwards.
+    Ranks whose numerics differ (a non-deterministic bf16 arm) would draw different tokens, end rows at
+    different steps and leave a rank waiting for a forward that never comes; with rank 0's tokens every
+    rank runs the same states, batches and steps. The ranks must agree on the batches too (the same
+    prompts, ``batch_size`` and memory budget: ``agreed_memory_budget_gb``)."""
+    _LOCKSTEP.append(group)
+    try:
+        yield
+    finally:
+        _LOCKSTEP.pop()
+
+
+def _follow_rank0(tokens: torch.Tensor) -> torch.Tensor:
+    if _LOCKSTEP:
+        import torch.distributed as dist
+
+        dist.broadcast(tokens, group_src=0, group=_LOCKSTEP[-1])
+    return tokens
+
+
+def agreed_memory_budget_gb(device: torch.device, group=None) -> float:
+    """The smallest of the ranks' automatic memory budgets (``memory_budget_bytes``), in GiB: a
+    collective, so every rank of ``group`` bounds its batches alike (``lockstep``)."""
+    import torch.distributed as dist
+
+    budget = torch.tensor([memory_budget_bytes(device)], dtype=torch.int64, device=device)
+    dist.all_reduce(budget, op=dist.ReduceOp.MIN, group=group)
+    return int(budget.item()) / (1 << 30)
 
 
 def bounded_batch_size(batch_size: int, bytes_per_sequence: int, budget_bytes: int) -> int:
@@ -292,6 +334,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
         else:
             probs = torch.softmax(warpers(history, scores), dim=-1)
             tokens = torch.multinomial(probs[row_state], num_samples=1).squeeze(1)
+        tokens = _follow_rank0(tokens)
         out[alive, step] = tokens
         going = ~torch.isin(tokens, stop_ids)
         if step == max_new_tokens - 1 or not going.any():

@@ -5,7 +5,8 @@ It mirrors ``generation.sample_completions``: the same prompt token ids (the HF 
 nothing else (``generation_config="vllm"``: the model's saved sampling defaults are ignored; repetition
 penalty 1), and the same ``Completion`` records, text decoded by the HF tokenizer. The model runs in
 the run's saved dtype (``dtype=``; vLLM supports float32 and bfloat16). The engine's settings are
-``eval.vllm`` (``vllm_engine``); it is shut down before the function returns.
+``eval.vllm`` (``vllm_engine``). ``EvalEngine`` starts one engine for a job's prompt sets (every task of
+a run in the per-run evaluate job) and shuts it down when the job's sampling is done.
 
 Seeds. vLLM seeds sample j of a request with n samples as ``request seed + j``
 (vllm/v1/engine/parallel_sampling.py), so prompt i's request gets ``sample_seed(seed, i, n) = seed + i*n``
@@ -36,12 +37,129 @@ from workflow_scripts.models.vllm_engine import (
     release,
 )
 
-__all__ = ["BackendError", "import_vllm", "sample_completions_vllm", "sample_seed"]
+__all__ = [
+    "BackendError", "EvalEngine", "import_vllm", "open_engine", "sample_completions_vllm", "sample_seed",
+]  # fmt: skip
 
 
 def sample_seed(seed: int, prompt_index: int, n_samples: int) -> int:
     """The request seed of prompt ``prompt_index``: its samples draw streams seed + i*n ... + n - 1."""
     return int(seed) + int(prompt_index) * int(n_samples)
+
+
+class EvalEngine:
+    """One evaluation engine for one model, started once and sampled for as many prompt sets as a job has
+    (the per-run evaluate job: every task of a run through one engine start), then shut down.
+
+    ``with EvalEngine(...) as engine: engine.sample(...)``; leaving the block releases the engine
+    (``vllm_engine.release``) and drops this object's only reference to it, so the HF models that follow
+    load into freed memory. ``record``: ``vllm_engine.engine_record`` + start_s (the engine's start)."""
+
+    def __init__(self, model_dir: str | os.PathLike, tokenizer, dtype: str, stop_ids: list[int], seed: int,
+                 engine: Mapping | None = None, threads: int | None = None):  # fmt: skip
+        vllm = import_vllm()
+        prepare_process()
+        settings = dict(engine or {"gpu_memory_utilization": 0.9})
+        started = time.perf_counter()
+        with keep_threads(threads):
+            # seed: vLLM's default for requests without one; every request here carries its own
+            self._llm = vllm.LLM(
+                model=str(model_dir),
+                tokenizer=str(model_dir),
+                dtype=dtype,
+                seed=seed,
+                generation_config="vllm",
+                **engine_kwargs(settings, "eval.vllm"),
+            )
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.stop_ids = list(stop_ids)
+        self.record = engine_record(self._llm) | {"start_s": round(time.perf_counter() - started, 3)}
+
+    def __enter__(self) -> EvalEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._llm is not None:
+            try:
+                release(self._llm)
+            finally:
+                self._llm = None
+                free_memory()
+
+    def sample(self, prompts: list[str], n_samples: int, temperature: float, top_p: float,
+               max_new_tokens: int, seed: int) -> tuple[list[Completion], float]:  # fmt: skip
+        """``n_samples`` completions per prompt, prompt-major, and the seconds sampling took."""
+        if self._llm is None:
+            raise BackendError("the evaluation engine was already shut down")
+        vllm, tokenizer = self._vllm, self.tokenizer
+        prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        greedy = temperature <= 0
+        per_request = 1 if greedy else n_samples
+        params = [
+            vllm.SamplingParams(
+                n=per_request,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                max_tokens=max_new_tokens,
+                seed=sample_seed(seed, i, n_samples),
+                stop_token_ids=self.stop_ids,
+                repetition_penalty=1.0,
+            )
+            for i in range(len(prompts))
+        ]
+        started = time.perf_counter()
+        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        seconds = time.perf_counter() - started
+        completions = _completions(outputs, tokenizer, self.stop_ids, n_samples, per_request, max_new_tokens)
+        return completions, seconds
+
+
+def _completions(outputs, tokenizer, stop_ids: list[int], n_samples: int, per_request: int,
+                 max_new_tokens: int) -> list[Completion]:  # fmt: skip
+    """vLLM's request outputs as ``Completion`` records (greedy: the one sample repeated n times)."""
+    stops = set(stop_ids)
+    out: list[Completion] = []
+    for i, request in enumerate(outputs):
+        samples = list(request.outputs)
+        if len(samples) != per_request:
+            raise BackendError(f"vLLM returned {len(samples)} samples for prompt {i}, expected {per_request}")
+        if per_request != n_samples:
+            samples = samples * n_samples
+        for s, sample in enumerate(samples):
+            ids = list(sample.token_ids)
+            stop = None
+            if ids and ids[-1] in stops:
+                stop = ids.pop()
+            elif sample.finish_reason == "stop" and len(ids) < max_new_tokens:  # end token not in token_ids
+                reason = getattr(sample, "stop_reason", None)
+                stop = reason if reason in stops else stop_ids[0]
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            length = len(ids) + int(stop is not None)
+            out.append(Completion(i, s, text, length, stop is None, tuple(ids), stop))
+    return out
+
+
+def open_engine(model_dir: str | os.PathLike, tokenizer, settings: Mapping | None, dtype: str | None,
+                seed: int, threads: int | None = None) -> EvalEngine:  # fmt: skip
+    """The evaluation engine (``settings``: ``eval.vllm``) for ``model_dir`` in ``dtype`` (None: as saved),
+    stopping at the tokenizer's and the model's generation config's end tokens, as the HF sampler does."""
+    import_vllm()  # fail before anything is loaded
+    from transformers import GenerationConfig
+
+    from workflow_scripts.models.generation import stop_token_ids
+    from workflow_scripts.models.loading import saved_dtype
+
+    try:
+        gen_cfg = GenerationConfig.from_pretrained(model_dir)
+    except OSError:  # no generation_config.json: the tokenizer's eos only
+        gen_cfg = None
+    stops = stop_token_ids(None, tokenizer, gen_cfg)
+    return EvalEngine(model_dir, tokenizer, dtype or saved_dtype(model_dir), stops, seed, settings, threads)
 
 
 def sample_completions_vllm(
@@ -58,63 +176,9 @@ def sample_completions_vllm(
     engine: Mapping | None = None,
     threads: int | None = None,
 ) -> tuple[list[Completion], dict]:
-    """``n_samples`` completions per prompt from vLLM, prompt-major, as ``Completion`` records, and the
-    engine's record (``vllm_engine.engine_record`` + start_s, the engine's start, and sample_s, the
-    sampling alone). ``engine``: the ``eval.vllm`` settings."""
-    vllm = import_vllm()
-    prepare_process()
-    settings = dict(engine or {"gpu_memory_utilization": 0.9})
-    started = time.perf_counter()
-    with keep_threads(threads):
-        llm = vllm.LLM(
-            model=str(model_dir),
-            tokenizer=str(model_dir),
-            dtype=dtype,
-            seed=seed,
-            generation_config="vllm",
-            **engine_kwargs(settings, "eval.vllm"),
-        )
-    try:
-        record = engine_record(llm) | {"start_s": round(time.perf_counter() - started, 3)}
-        prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        greedy = temperature <= 0
-        per_request = 1 if greedy else n_samples
-        params = [
-            vllm.SamplingParams(
-                n=per_request,
-                temperature=0.0 if greedy else temperature,
-                top_p=1.0 if greedy else top_p,
-                max_tokens=max_new_tokens,
-                seed=sample_seed(seed, i, n_samples),
-                stop_token_ids=list(stop_ids),
-                repetition_penalty=1.0,
-            )
-            for i in range(len(prompts))
-        ]
-        sampling = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
-        record["sample_s"] = round(time.perf_counter() - sampling, 3)
-    finally:
-        release(llm)
-        del llm
-        free_memory()
-    stops = set(stop_ids)
-    out: list[Completion] = []
-    for i, request in enumerate(outputs):
-        samples = list(request.outputs)
-        if len(samples) != per_request:
-            raise BackendError(f"vLLM returned {len(samples)} samples for prompt {i}, expected {per_request}")
-        if greedy:
-            samples = samples * n_samples
-        for s, sample in enumerate(samples):
-            ids = list(sample.token_ids)
-            stop = None
-            if ids and ids[-1] in stops:
-                stop = ids.pop()
-            elif sample.finish_reason == "stop" and len(ids) < max_new_tokens:  # end token not in token_ids
-                reason = getattr(sample, "stop_reason", None)
-                stop = reason if reason in stops else stop_ids[0]
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            length = len(ids) + int(stop is not None)
-            out.append(Completion(i, s, text, length, stop is None, tuple(ids), stop))
-    return out, record
+    """``n_samples`` completions per prompt from a fresh engine (``EvalEngine``, shut down before this
+    returns) and the engine's record + sample_s (the sampling alone). ``engine``: the ``eval.vllm``
+    settings."""
+    with EvalEngine(model_dir, tokenizer, dtype, stop_ids, seed, engine, threads) as llm:
+        completions, seconds = llm.sample(prompts, n_samples, temperature, top_p, max_new_tokens, seed)
+        return completions, llm.record | {"sample_s": round(seconds, 3)}

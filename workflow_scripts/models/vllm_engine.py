@@ -109,8 +109,8 @@ def model_of(llm):
 
 
 def engine_record(llm) -> dict:
-    """What the engine really runs: {platform, model_dtype, kv_cache_dtype, lm_head_dtype, settings,
-    threads (the job's torch pool now)}.
+    """What the engine really runs: {platform, model_dtype, kv_cache_dtype, lm_head_dtype, settings
+(memory share, KV-cache bytes, max model length, eager, sleep mode), threads (the job's torch pool now)}.
 
     Read from the engine's own config (``llm_engine.vllm_config``; vLLM 0.30 has no ``cache_config`` on
     the engine) and, where the model is in this process, from its LM-head weight. ``kv_cache_dtype``
@@ -136,6 +136,7 @@ def engine_record(llm) -> dict:
         "kv_cache_memory_bytes": config.cache_config.kv_cache_memory_bytes,
         "max_model_len": config.model_config.max_model_len,
         "enforce_eager": bool(config.model_config.enforce_eager),
+        "sleep_mode": bool(getattr(config.model_config, "enable_sleep_mode", False)),
         "threads": torch.get_num_threads(),
     }
 

@@ -350,19 +350,20 @@ def distributed_problems(config: Mapping) -> Iterator[Problem]:
             f"{processes} processes must divide the completions of one micro-batch: prompts_per_step * "
             f"num_generations / gradient_accumulation_steps = {completions} / {ga} = {completions // ga}",
         )
-    if distributed["strategy"] == "fsdp" and gpus == 0:
-        yield (
-            f"{key}.strategy",
-            "fsdp needs GPUs (resources.train.gpus is 0): accelerate shards only on accelerators and "
-            "would silently run CPU processes as ddp; use ddp on CPU",
-        )
-    elif distributed["strategy"] == "fsdp" and processes < 2:
+    if distributed["strategy"] == "fsdp" and processes < 2:
         yield f"{key}.strategy", "fsdp shards over processes and this run has 1; use ddp (or more GPUs)"
 
 
 def vllm_problems(config: Mapping) -> Iterator[Problem]:
     """vLLM runs a whole model in one dtype: an arm whose LM head is kept in another dtype than its
-    rollouts compute in cannot be sampled by it as trained (its head would be cast)."""
+    rollouts compute in cannot be sampled by it as trained (its head would be cast). Sleep mode is the
+    colocated engine's: the evaluation engine is shut down after sampling."""
+    if config["eval"]["vllm"].get("sleep_mode"):
+        yield (
+            "eval.vllm.sleep_mode",
+            "the evaluation engine runs alone and is shut down after sampling; sleep mode is for the "
+            "colocated rollout engine (train.vllm.sleep_mode)",
+        )
     users = [key for key, on in (("train.use_vllm", config["train"]["use_vllm"]),
                                  ("eval.backend", config["eval"]["backend"] == "vllm")) if on]  # fmt: skip
     for name, mode in config["precisions"].items():

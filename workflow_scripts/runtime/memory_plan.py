@@ -14,8 +14,10 @@ GPU smoke check compares the sum with the measured peak where a GPU is lent.
 |                     | saved input per layer (b x T x h x compute bytes) + one layer recomputed          |
 | logits              | b x C x V x (compute bytes + 4): the completion tokens' logits and their fp32      |
 |                     | log-softmax (TRL scores only the completion: logits_to_keep)                       |
-| reference (KL log)  | P x model.dtype bytes on the logging rank (on every rank under FSDP)              |
-| vLLM (colocated)    | train.vllm.gpu_memory_utilization x GPU memory: vLLM reserves its share up front   |
+| reference (KL log)  | P x model.dtype bytes on the logging rank (/ G on every rank under FSDP: sharded) |
+| vLLM (colocated)    | train.vllm.gpu_memory_utilization x GPU memory: vLLM reserves its share up front;  |
+|                     | with train.vllm.sleep_mode the engine frees it while the trainer computes, so the |
+|                     | total holds the larger of it and activations + logits, not their sum              |
 
 P parameters (from the model's dimensions), b completions per micro-batch and process
 (prompts_per_step x num_generations / (gradient_accumulation_steps x processes)), T tokens a sequence
@@ -40,6 +42,7 @@ KEYS_THAT_FIT = (
     "train.activation_checkpointing: true",
     "train.gradient_accumulation_steps (fewer completions per micro-batch)",
     "train.vllm.gpu_memory_utilization / train.vllm.max_model_len",
+    "train.vllm.sleep_mode: true (the engine frees its share while the trainer computes)",
 )
 
 
@@ -120,7 +123,7 @@ def train_terms(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, pro
         "optimizer": 2 * p * param / shard,
         "activations": activations,
         "logits": b * train["max_completion_length"] * dims.vocab * (compute + 4),
-        "reference": p * BYTES[model_dtype],
+        "reference": p * BYTES[model_dtype] / shard,
         "vllm": train["vllm"]["gpu_memory_utilization"] * (gpu_gib or 0) * GiB if train["use_vllm"] else 0,
     }
     return terms, b, tokens
@@ -131,7 +134,11 @@ def train_plan(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, proc
     """One arm's train job per GPU in GiB (``train_terms``), with the total and what the engine needs."""
     terms, b, tokens = train_terms(dims, mode, train, model_dtype, processes, gpu_gib)
     plan = {k: _gib(v) for k, v in terms.items()}
-    plan.update(total=_gib(sum(terms.values())), micro_batch=b, tokens=tokens, parameters=dims.parameters)
+    total = sum(terms.values())
+    if train["use_vllm"] and train["vllm"].get("sleep_mode"):  # the engine sleeps while the trainer computes
+        phase = terms["activations"] + terms["logits"]
+        total += max(terms["vllm"], phase) - terms["vllm"] - phase
+    plan.update(total=_gib(total), micro_batch=b, tokens=tokens, parameters=dims.parameters)
     if train["use_vllm"]:
         plan["vllm_needs"] = engine_needs(dims, mode.get("autocast") or mode["param_dtype"], tokens)
     return plan

@@ -7,6 +7,8 @@
 |                         | arm's dropout perturbs them (reward  | paper scale; dropout acts only in the  |
 |                         | 0.117 -> 0.023, grad norm ~1.4 ->    | loss forward (the training step runs   |
 |                         | ~280 at the base)                    | in train mode)                         |
+| same hook, under FSDP2  | generates outside autocast (the      | inside the arm's autocast, as without  |
+|                         | FSDP2 model has no autocast forward) | FSDP                                   |
 | same hook, with         | keeps zero-spread groups (all        | DAPO dynamic sampling: they are        |
 | ``dynamic_sampling``    | rewards equal: no gradient)          | dropped, fresh prompts drawn (below)   |
 | ``_calculate_rewards``  | -                                    | keeps the round's rewards (for the     |
@@ -313,7 +315,11 @@ def make_trainer_class(
 
         def _draw(self, inputs, local: bool):
             """Generate and score ``inputs``; the spread of every group (``local``: this process's)."""
-            with sampling_mode(self.model):
+            # FSDP2: accelerate prepares the model without its autocast forward (prepare_model's native-amp
+            # wrapper is skipped on that path) and TRL generates outside any autocast, so an autocast
+            # arm's rollouts would compute in fp32 (the precision contract caught it on 2 gloo ranks)
+            fsdp_autocast = self.accelerator.autocast() if self.is_fsdp_enabled else contextlib.nullcontext()
+            with sampling_mode(self.model), fsdp_autocast:
                 output = super()._generate_and_score_completions(inputs)
             # TRL gathers the rewards of every process (groups are normalised globally)
             spread = group_has_spread(self._round_rewards, self.reward_weights, self.num_generations)

@@ -6,6 +6,7 @@ the readers (aggregate) must not pay for. The line format is documented in ``met
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -63,6 +64,7 @@ class MetricsLogger(TrainerCallback):
         max_new_tokens: int = 8,
         previous: list[dict] | None = None,
         on_row: Callable[[dict], None] | None = None,
+        sharded: bool = False,
     ) -> None:
         self.path = Path(path)
         self.max_steps = max_steps
@@ -71,6 +73,7 @@ class MetricsLogger(TrainerCallback):
         self.kl_prompts, self.kl_every, self.kl_samples = kl_prompts or [], kl_every, kl_samples
         self.max_new_tokens = max_new_tokens
         self.on_row = on_row
+        self.sharded = sharded  # FSDP: every rank measures KL, in lockstep with rank 0 (KLPartner)
         previous = previous or []
         self.carry = (
             {k: previous[-1].get(k) for k in ROLLOUT_KEYS} if previous else dict.fromkeys(ROLLOUT_KEYS)
@@ -96,9 +99,18 @@ class MetricsLogger(TrainerCallback):
         self.first_step = state.global_step
 
     def measure_kl(self, model, step: int) -> dict:
+        """The KL log of ``step``. Sharded (FSDP: a collective that every rank runs, ``KLPartner``): every
+        rank decodes rank 0's tokens in batches bounded by the ranks' smallest memory budget, so all ranks
+        run the same forwards and none waits for an all-gather that never comes (``generation.lockstep``)."""
+        from workflow_scripts.models.generation import agreed_memory_budget_gb, lockstep
+
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         was_training = model.training
-        with torch.random.fork_rng(devices=devices):
+        budget, together = None, contextlib.nullcontext()
+        if self.sharded:
+            budget = agreed_memory_budget_gb(next(model.parameters()).device)
+            together = lockstep()
+        with torch.random.fork_rng(devices=devices), together:
             estimate = estimate_kl(
                 model,
                 self.reference,
@@ -107,6 +119,7 @@ class MetricsLogger(TrainerCallback):
                 n_samples=self.kl_samples,
                 max_new_tokens=self.max_new_tokens,
                 seed=step,
+                memory_budget_gb=budget,
             )
         model.train(was_training)
         return {
