@@ -60,7 +60,7 @@ dryrun: $(STAMP)
 	$(BIN)/snakemake -n
 
 dag: $(STAMP)
-	$(BIN)/snakemake --rulegraph | dot -Tpng > rulegraph.png  # the README's command
+	$(BIN)/snakemake --rulegraph | dot -Tpng > rulegraph.png  # docs/design.md's command
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -1,7 +1,7 @@
-"""Print the H2 calibration table of the README from the normal suite's own simulations.
+"""Print the H2 calibration table of docs/design.md from the normal suite's own simulations.
 
 The rates the calibration tests check (tests/test_stats.py: ``simulations``, ``calibration_rates``,
-the null coverage) tabulated at the analysis rule in the code now, so the README's table is the one the
+the null coverage) tabulated at the analysis rule in the code now, so that page's table is the one the
 tests see, not a copy from an earlier rule. ``--scale K`` draws K times the suite's tables (K = 5 is
 ``pytest -m extended``). Also prints issue 22's own cases (one part 9x, the other equal).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke check, one command: bash bench/gpu_smoke.sh [WORKDIR]   (README, "GPU smoke check")
+# GPU smoke check, one command: bash bench/gpu_smoke.sh [WORKDIR]   (docs/gpu-and-slurm.md, "GPU smoke check")
 #
 # Runs the whole workflow on config.gpu-smoke.yaml (a 0.36B Llama built locally, 2 arms x 1 seed, vLLM
 # rollouts and evaluation) in WORKDIR (default results/gpu-smoke; its results/, logs/, benchmarks/ are

@@ -13,7 +13,9 @@ from workflow_scripts.runtime.config import ConfigError, workflow_config
 from workflow_scripts.runtime.resources import job_threads as _job_threads, snakemake_resources, train_processes
 
 # `--configfile X` means X alone: the Snakefile declares no `configfile:`, so config.yaml is read only
-# when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml).
+# when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml), or when X says
+# `extends: config.yaml` (an experiment file). workflow_config rebuilds the config from the files (their
+# `extends` chains followed) and the --config pairs; what Snakemake parsed is replaced by its result.
 try:
     _validated, CONFIG_SOURCE = workflow_config(
         config, list(workflow.overwrite_configfiles), overrides=dict(workflow.config_settings.config)
@@ -48,7 +50,8 @@ wildcard_constraints:
 
 # The code each stage runs (its module and the package modules it imports): a rule passes
 # `code=code(<stage>)` in params, so editing that code reruns the rule and what depends on it.
-# A cosmetic edit (comments, docstrings, formatting) changes no hash; see README "Reruns".
+# A cosmetic edit (comments, docstrings, formatting) changes no hash; see docs/design.md, "The DAG and when
+# a stage reruns".
 CODE_ROOT = Path(workflow.basedir) / "workflow_scripts"
 
 

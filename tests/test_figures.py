@@ -157,3 +157,22 @@ def test_a_redraw_is_byte_identical(data, tmp_path):
         np.random.random(7)  # whatever else drew from numpy's global stream in between
         figures.make_figures(data, {name: b})
         assert a.read_bytes() == b.read_bytes(), name
+
+
+def test_the_kl_figures_follow_the_analysis_estimator(data, monkeypatch):
+    """kl_by_task plots the estimator stats.json names, and the captions of the figures that show the
+    analysis' KL name that setting, not a fixed estimator."""
+    from workflow_scripts.plots.figure_list import REPORT_DIR
+
+    seen = {}
+
+    def record(frame, column, label, *args, **kwargs):
+        seen.update(c=column, l=label)
+
+    monkeypatch.setattr(figures, "dots_by_task", record)
+    for estimator in ("rb", "k3", "k1"):
+        figures.plot_kl_by_task(FigureData(metrics=data.metrics, stats={"kl_estimator": estimator}))
+        assert seen == {"c": f"kl_{estimator}", "l": f"KL(π_θ ‖ π_0), {estimator} estimate (nats/sequence)"}
+    for name in ("kl_by_task", "variance_components", "variance_ratios"):
+        caption = (REPORT_DIR / f"{name}.rst").read_text()
+        assert "analysis.kl_estimator" in caption and "k3" not in caption, name

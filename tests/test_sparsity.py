@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from workflow_scripts import sparsity as sp
+from workflow_scripts.measures import diff_setup
 from workflow_scripts.measures import sparsity_kernel as kernel
 from workflow_scripts.measures.checkpoint_io import TensorMismatchError as Mismatch
 
@@ -62,9 +63,9 @@ def reference_changed(base: np.ndarray, final: np.ndarray, eta: float) -> int:
     ],
 )
 def test_module_type_and_layer(name, module, layer):
-    assert sp.module_type(name) == module
-    assert sp.layer_index(name) == layer
-    assert module in sp.MODULE_TYPES
+    assert diff_setup.module_type(name) == module
+    assert diff_setup.layer_index(name) == layer
+    assert module in diff_setup.MODULE_TYPES
 
 
 def test_eta_labels_are_lossless():

@@ -63,10 +63,12 @@ def plot_dj_by_task(data: FigureData) -> Figure:
 
 
 def plot_kl_by_task(data: FigureData) -> Figure:
+    """KL by the estimator the analysis read (stats.json ``kl_estimator``; files without it: k3)."""
+    estimator = data.stats.get("kl_estimator") or "k3"
     return dots_by_task(
         data,
-        "kl_k3",
-        "KL(π_θ ‖ π_0), k3 estimate (nats/sequence)",
+        f"kl_{estimator}",
+        f"KL(π_θ ‖ π_0), {estimator} estimate (nats/sequence)",
         "KL to the base policy per task",
         zero_line=False,
     )

@@ -17,7 +17,7 @@ Outputs (``main``): ``overlap.parquet`` with one row per (seed_a < seed_b, eta) 
 columns ``precision, seed_a, seed_b, eta, numel, intersection, union, jaccard, density_a, density_b,
 jaccard_chance, ratio`` (jaccard is NaN when the union is empty; ratio is NaN when the chance value is
 0 or NaN), and ``overlap.by_module.parquet`` with the same columns plus ``module`` (module types as in
-``sparsity.module_type``).
+``diff_setup.module_type``).
 """
 
 from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
@@ -48,6 +48,7 @@ from workflow_scripts.measures.checkpoint_io import (
     row_windows,
     window_elems_for,
 )
+from workflow_scripts.measures.diff_setup import add_diff_options, default_etas, diff_options, module_type
 from workflow_scripts.measures.sparsity_kernel import (
     DEFAULT_CHUNK_ELEMS,
     EtaPlan,
@@ -60,7 +61,6 @@ from workflow_scripts.measures.sparsity_kernel import (
 from workflow_scripts.runtime.atomic import write_parquet
 from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.runtime.threads import log_startup, process_age_s
-from workflow_scripts.sparsity import add_diff_options, default_etas, diff_options, module_type
 
 COLUMNS = [
     "precision", "seed_a", "seed_b", "eta", "numel", "intersection", "union", "jaccard",

@@ -63,7 +63,6 @@ from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage co
 
 import argparse
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -82,6 +81,13 @@ from workflow_scripts.measures.checkpoint_io import (
     pair_tensors,
     window_elems_for,
 )
+from workflow_scripts.measures.diff_setup import (
+    add_diff_options,
+    default_etas,
+    diff_options,
+    layer_index,
+    module_type,
+)
 from workflow_scripts.measures.sparsity_kernel import (
     DEFAULT_CHUNK_ELEMS,
     EtaPlan,
@@ -93,44 +99,8 @@ from workflow_scripts.measures.sparsity_kernel import (
     torch_threads,
 )
 from workflow_scripts.runtime.atomic import write_json, write_parquet
-from workflow_scripts.runtime.config import schema_defaults
 from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.runtime.threads import log_startup, process_age_s
-
-MODULE_TYPES = (
-    "attn_q", "attn_k", "attn_v", "attn_o", "mlp_gate", "mlp_up", "mlp_down",
-    "norm", "embedding", "lm_head", "other",
-)  # fmt: skip
-_MODULE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (module, re.compile(pattern))
-    for module, pattern in (
-        ("norm", r"(^|\.)[^.]*(norm|ln_\w*)(\.|$)"),
-        ("lm_head", r"(^|\.)lm_head(\.|$)"),
-        ("embedding", r"(^|\.)(embed_tokens|wte|word_embeddings|embeddings?)(\.|$)"),
-        ("attn_q", r"(^|\.)q_proj(\.|$)"),
-        ("attn_k", r"(^|\.)k_proj(\.|$)"),
-        ("attn_v", r"(^|\.)v_proj(\.|$)"),
-        ("attn_o", r"(^|\.)o_proj(\.|$)"),
-        ("mlp_gate", r"(^|\.)gate_proj(\.|$)"),
-        ("mlp_up", r"(^|\.)up_proj(\.|$)"),
-        ("mlp_down", r"(^|\.)down_proj(\.|$)"),
-    )
-)
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)(?:\.|$)")
-
-
-def module_type(name: str) -> str:
-    """Module type of a Llama/Qwen-style parameter name, one of MODULE_TYPES."""
-    for module, pattern in _MODULE_PATTERNS:
-        if pattern.search(name):
-            return module
-    return "other"
-
-
-def layer_index(name: str) -> int:
-    """Decoder layer index from e.g. ``model.layers.3.mlp.up_proj.weight``; -1 outside the layers."""
-    match = _LAYER_RE.search(name)
-    return int(match.group(1)) if match else -1
 
 
 def eta_label(eta: float) -> str:
@@ -285,11 +255,6 @@ def summary_path(out: str | os.PathLike) -> Path:
     return out.with_name(out.name.removesuffix(".parquet") + ".summary.json")
 
 
-def default_etas() -> list[float]:
-    """The schema default of ``sparsity.etas`` (the one place defaults live)."""
-    return schema_defaults("sparsity", "etas")
-
-
 # ---------------------------------------------------------------------------------------------- stage
 
 
@@ -350,29 +315,6 @@ def from_snakemake(smk) -> None:
         seed=int(smk.wildcards.seed),
         threads=smk.threads,
     )
-
-
-def add_diff_options(p: argparse.ArgumentParser) -> None:
-    """The options sparsity and overlap share, with the workflow's defaults."""
-    p.add_argument("--etas", type=float, nargs="+", help="relative tolerances (default: the schema's)")
-    p.add_argument("--window-mb", type=int, default=DEFAULT_WINDOW_BYTES >> 20, help="MiB per file handle")
-    p.add_argument("--threads", type=int, default=1, help="worker threads (e.g. the rule's {threads})")
-    p.add_argument(
-        "--cast-base-to-final",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="compare against the base cast to a narrower final dtype (the run's real start point)",
-    )
-
-
-def diff_options(args: argparse.Namespace) -> dict:
-    """``run`` keyword arguments of the ``add_diff_options`` options."""
-    return {
-        "etas": args.etas,
-        "threads": args.threads,
-        "window_bytes": args.window_mb << 20,
-        "cast_base_to_final": args.cast_base_to_final,
-    }
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import yaml
 from conftest import REPO, load_test_config, make_workflow_dir, run_snakemake
 
 from workflow_scripts.runtime import config as cfgmod
+from workflow_scripts.runtime import config_files
 from workflow_scripts.runtime.config import ConfigError, load_config, validate_config
 
 QWEN25_7B = {"num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
@@ -395,3 +397,175 @@ def test_a_config_override_of_the_wrong_type_shows_the_forms_that_work(tmp_path,
     message = str(err.value)
     assert "--config: seeds.1: 'two' is not of type 'integer'" in message
     assert "--config 'seeds=[1,2,3]'" in message and "train={max_steps: 24" in message
+
+
+# --------------------------------------------------------- experiment files: `extends` and `replace`
+
+EXPERIMENTS = ("config.controls.yaml", "config.factorial.yaml")
+
+
+def _write(path, data: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _expected(mutate) -> dict:
+    """The test config with ``mutate`` applied, validated: what a file extending it must load as."""
+    config = load_test_config()
+    mutate(config)
+    return validate_config(config, check_files=False)
+
+
+def test_extends_merges_the_experiment_over_the_file_it_names(tmp_path, monkeypatch):
+    _write(tmp_path / "config.yaml", load_test_config())
+    arm = {"param_dtype": "bfloat16", "autocast": None, "deterministic": True, "dropout": 0.0}
+    exp = _write(tmp_path / "experiments" / "exp.yaml", {
+        "extends": "../config.yaml",  # relative to the experiment's folder, not the working dir
+        "seeds": [7],  # a list replaces
+        "train": {"max_steps": 9},  # a mapping merges key by key
+        "precisions": {"bf16_nodrop": arm},  # ... so an arm is added to the extended file's arms
+    })  # fmt: skip
+    monkeypatch.chdir(tmp_path / "experiments")
+    config = load_config(exp, check_files=False)
+
+    def mutate(cfg):
+        cfg["seeds"] = [7]
+        cfg["train"]["max_steps"] = 9
+        cfg["precisions"]["bf16_nodrop"] = arm
+
+    assert config == _expected(mutate)
+    assert list(config["precisions"]) == ["fp32", "bf16", "bf16_nodrop"]
+    assert "extends" not in config and "replace" not in config
+
+
+def test_extends_follows_a_chain(tmp_path):
+    _write(tmp_path / "config.yaml", load_test_config())
+    _write(tmp_path / "mid.yaml", {"extends": "config.yaml", "seeds": [3], "train": {"max_steps": 9}})
+    top = _write(tmp_path / "top.yaml", {"extends": "mid.yaml", "train": {"max_steps": 5}})
+    config = load_config(top, check_files=False)
+    assert config["seeds"] == [3] and config["train"]["max_steps"] == 5
+    assert [name for name, *_ in config_files.config_layers(top, name=str)] == [
+        str(tmp_path / n) for n in ("config.yaml", "mid.yaml", "top.yaml")
+    ]
+
+
+def test_replace_swaps_a_mapping_for_the_experiments_own(tmp_path):
+    _write(tmp_path / "config.yaml", load_test_config())
+    only = {"param_dtype": "float32", "autocast": None, "deterministic": True, "dropout": 0.1}
+    exp = _write(tmp_path / "exp.yaml", {
+        "extends": "config.yaml", "replace": ["precisions", "data.tasks"],
+        "precisions": {"fp32_drop": only},
+        "data": {"tasks": {"add_sub": load_test_config()["data"]["tasks"]["add_sub"]}},
+    })  # fmt: skip
+    config = load_config(exp, check_files=False)
+    assert list(config["precisions"]) == ["fp32_drop"]  # config.yaml's fp32 and bf16 are gone
+    assert list(config["data"]["tasks"]) == ["add_sub"]
+    assert config["data"]["seed"] == load_test_config()["data"]["seed"]  # the rest of data: merged
+
+
+_EXT = {"extends": "config.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"exp.yaml": {"extends": "exp.yaml"}}, r"exp\.yaml: extends: exp\.yaml makes a cycle"),
+        (
+            {"a.yaml": {"extends": "b.yaml"}, "b.yaml": {"extends": "a.yaml"}},
+            r"b\.yaml: extends: a\.yaml makes a cycle \(.*a\.yaml -> .*b\.yaml -> .*a\.yaml\)",
+        ),
+        ({"exp.yaml": {"extends": "nope.yaml"}}, r"exp\.yaml: extends: nope\.yaml: config file not found"),
+        ({"exp.yaml": {"extends": 3}}, r"exp\.yaml: extends: must be the path of a config file"),
+        ({"exp.yaml": {**_EXT, "replace": ["seeds"]}}, r"exp\.yaml: replace: seeds: not set"),
+        ({"exp.yaml": {**_EXT, "replace": "seeds", "seeds": [1]}}, r"exp\.yaml: replace: must"),
+        ({"exp.yaml": {"replace": ["seeds"], "seeds": [1]}}, r"exp\.yaml: replace: only applies .*extends"),
+        ({"exp.yaml": {"extends": "list.yaml"}, "list.yaml": [1]}, r"list\.yaml: the config must be a map"),
+    ],
+    ids=["self", "cycle", "missing", "not a path", "replace unset", "replace not a list", "replace alone",
+         "not a mapping"],
+)  # fmt: skip
+def test_a_bad_extends_or_replace_names_the_file_and_the_key(tmp_path, files, message):
+    _write(tmp_path / "config.yaml", load_test_config())
+    for name, data in files.items():
+        (tmp_path / name).write_text(yaml.safe_dump(data))
+    first = tmp_path / ("a.yaml" if "a.yaml" in files else "exp.yaml")
+    with pytest.raises(ConfigError, match=message):
+        load_config(first, check_files=False)
+
+
+def test_a_problem_is_blamed_on_the_file_of_the_chain_that_sets_it(tmp_path):
+    base = load_test_config()
+    base["trian"] = {"max_steps": 3}
+    _write(tmp_path / "config.yaml", base)
+    exp = _write(tmp_path / "exp.yaml", {**_EXT, "train": {"gradient_accumulation_steps": 3}})
+    with pytest.raises(ConfigError) as err:
+        load_config(exp, check_files=False)
+    assert f"{tmp_path / 'config.yaml'}: trian: unknown key" in str(err.value)
+    del base["trian"]
+    _write(tmp_path / "config.yaml", base)
+    with pytest.raises(ConfigError) as err:
+        load_config(exp, check_files=False)
+    assert f"{exp}: train.gradient_accumulation_steps" in str(err.value)
+
+
+def test_workflow_config_follows_extends_where_snakemake_only_parsed_the_file(tmp_path, monkeypatch):
+    from snakemake.cli import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "config.yaml", load_test_config())
+    raw = {"extends": "config.yaml", "replace": ["precisions"], "seeds": [5],
+           "precisions": {"fp32": load_test_config()["precisions"]["fp32"]}}  # fmt: skip
+    exp = _write(tmp_path / "exp.yaml", raw)
+    # what Snakemake hands the Snakefile for `--configfile exp.yaml`: the file as written (absolute path)
+    config, source = cfgmod.workflow_config(copy.deepcopy(raw), [str(exp)], overrides={})
+    assert source == "exp.yaml" and config == load_config(exp, check_files=False)
+    assert list(config["precisions"]) == ["fp32"] and config["train"] == load_config("config.yaml")["train"]
+    overrides = parse_config(["seeds=[8,9]", "train={max_steps: 4}"])
+    parsed = cfgmod.merge(copy.deepcopy(raw), overrides)  # Snakemake's config: the file, then --config
+    config, _ = cfgmod.workflow_config(parsed, [str(exp)], overrides=overrides)
+    assert config["seeds"] == [8, 9] and config["train"]["max_steps"] == 4  # --config on top, typed
+    assert list(config["precisions"]) == ["fp32"]
+
+
+def test_snakemake_plans_an_experiment_file_as_its_extended_config(tmp_path):
+    wf = make_workflow_dir(tmp_path / "wf", load_test_config())
+    _write(wf / "exp.yaml", {"extends": "config.yaml", "replace": ["precisions"], "seeds": [5],
+                             "precisions": {"fp32": load_test_config()["precisions"]["fp32"]}})  # fmt: skip
+    proc = run_snakemake(wf, "--dry-run", "--configfile", "exp.yaml", timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert set(re.findall(r"results/train/(\w+)/seed(\d+)/run\.json", proc.stdout)) == {("fp32", "5")}
+    _write(wf / "bad.yaml", {"extends": "config.yaml", "train": {"gradient_accumulation_steps": 3}})
+    out = _refused(run_snakemake(wf, "--dry-run", "--configfile", "bad.yaml", timeout=120), wf)
+    assert "bad.yaml: train.gradient_accumulation_steps" in out  # the key bad.yaml sets, blamed on it
+    assert "config.yaml: train.steps_per_generation" in out  # the one it clashes with, on its file
+
+
+def _config_lines(path) -> int:
+    """Lines that set something: neither blank nor a comment."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return sum(1 for line in lines if line and not line.startswith("#"))
+
+
+def _same_as_default(raw, default, replaced: set[str], prefix: str = "") -> list[str]:
+    """Dotted keys of ``raw`` whose value equals ``default``'s (a copy), recursing into merged mappings."""
+    same = []
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in default:
+            continue
+        if isinstance(value, dict) and isinstance(default[key], dict) and dotted not in replaced:
+            same += _same_as_default(value, default[key], replaced, dotted + ".")
+        elif value == default[key]:
+            same.append(dotted)
+    return same
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_an_experiment_file_holds_only_what_differs_from_the_default(name):
+    raw = yaml.safe_load((REPO / name).read_text())
+    assert raw.pop("extends") == "config.yaml"
+    replaced = set(raw.pop("replace", []))
+    assert _config_lines(REPO / name) <= 40
+    default = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert _same_as_default(raw, default, replaced) == []

@@ -77,6 +77,15 @@ def subpackages() -> list[Path]:
     return sorted(p.parent for p in PACKAGE_DIR.glob("*/__init__.py"))
 
 
+def test_no_module_imports_a_stage_module():
+    """A stage's code is its own (rules name a stage module; what two stages share lives in a subpackage):
+    no stage module and no package module imports one, lazily or not."""
+    graph = import_graph()
+    stages = {f"workflow_scripts.{stage}" for stage in STAGES}
+    importers = {name: sorted(deps & stages) for name, deps in graph.items() if deps & stages}
+    assert importers == {}
+
+
 def test_the_top_level_holds_only_the_stages():
     assert sorted(p.stem for p in PACKAGE_DIR.glob("*.py") if p.stem != "__init__") == sorted(STAGES)
 

@@ -154,4 +154,4 @@ def test_a_runtime_in_the_config_grows_with_the_attempt_and_none_leaves_the_prof
     paper = load_config(REPO / "config.paper.yaml", check_files=False)
     attempts = 1 + yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())["retries"]
     total_h = sum(paper["resources"]["train"]["runtime_min"] * k for k in range(1, attempts + 1)) / 60
-    assert total_h >= 150  # the README's upper estimate for one fp32 run of config.paper.yaml
+    assert total_h >= 150  # docs/gpu-and-slurm.md's upper estimate for one fp32 run of config.paper.yaml

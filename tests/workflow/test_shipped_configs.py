@@ -1,7 +1,10 @@
 """Every config the repo ships plans, with the exact command the README gives for it, only its own jobs.
 
-`--configfile X` means X alone: the workflow dir also holds the default config.yaml, so a task, an arm
-or a setting leaking in from it would show up in the plan.
+`--configfile X` means X alone, plus the file X names under `extends` (the experiment files extend
+config.yaml): the workflow dir also holds the default config.yaml, so a task, an arm or a setting leaking
+in from it where X does not ask for it (config.paper.yaml), or an arm of it that X replaces
+(config.controls.yaml's `replace: [precisions]`), would show up in the plan. The expected plan is the
+loader's config of X (`load_config`, `extends` followed).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def expected_jobs(config: dict) -> dict[str, int]:
         "prepare_train": 1,
         "base_model": 1,
         "train": arms * seeds,
-        "evaluate": runs * tasks,
+        "evaluate": runs if config["eval"]["jobs"] == "per_run" else runs * tasks,  # one job per run
         "sparsity": arms * seeds,
         "overlap": arms,
         "aggregate": 1,

@@ -18,7 +18,7 @@ has anyway (``pair_scores`` runs both on the same batches). k3's lower variance 
 default's ~0.3 nats per sequence a rare completion that pi_0 likes far more than pi_theta has a huge k3
 (measured: one prompt's mean 31 against a task mean of 0.35), so k3's Monte-Carlo variance is itself
 noisy and heavy-tailed there. On the default's 24 trained models rb's Monte-Carlo variance was 1/36 to
-1/106 of k3's on mul, chain and word (README, "KL: the rb estimator"): the analysis reads rb
+1/106 of k3's on mul, chain and word (docs/design.md, "KL: the rb estimator"): the analysis reads rb
 (``analysis.kl_estimator``); k1 and k3 stay in kl.json.
 
 Per-prompt means are averaged over prompts. Two uncertainties are reported, for two questions:
@@ -47,8 +47,8 @@ enumerate that set for a tiny model and compare).
 Numerics: each model runs in its own dtype (a bf16 run stays bf16, pi_0 as saved); the logits of the
 scored positions are cast to float64 before the log-softmax, and the sums are float64. A prompt's
 samples share one forward pass of the prompt (its KV cache copied to them, as in sampling), so a sample
-costs its few completion tokens (word problems: 4.4x less scoring, measured in the README). Batches are
-ordered by length and bounded by memory (``generation.scoring_bytes_per_sequence``). Sampling and
+costs its few completion tokens (word problems: 4.4x less scoring, measured in docs/performance.md).
+Batches are ordered by length and bounded by memory (``generation.scoring_bytes_per_sequence``). Sampling and
 scoring run products of other shapes, so in bf16 the two see slightly different rounding of the same
 policy; that is noise of the order of bf16 spacing per token, not a bias of the estimator.
 """

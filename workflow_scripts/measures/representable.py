@@ -12,7 +12,7 @@ where ``fl_d`` rounds to the nearest value of the arm's param dtype ``d`` (ties 
 and the sum ``w +- lr`` is formed in float64 (exact up to a rounding that cannot move a result across a
 ``d`` rounding boundary: ``d`` has at most 24 significant bits). Adam's update per weight is about
 ``lr`` in size early on, so this is the share of weights an Adam step can move; float32 masters give
-~100% at lr 3e-5, bf16 ~21-28% (measured on the tiny default base; README arm table). Reported per
+~100% at lr 3e-5, bf16 ~21-28% (measured on the tiny default base; docs/miniature.md arm table). Reported per
 module type (``module_type``) and for the model. Under stochastic rounding into bf16 (``rounding:
 stochastic``) every step moves a weight with probability min(1, lr / spacing): the expected share is
 reported instead (``stochastic_changed``).

@@ -21,7 +21,7 @@ The sampled distribution is exactly softmax(logits / temperature) cut to ``top_p
 model's saved ``generation_config`` (e.g. Qwen instruct models ship top_k 20 and repetition_penalty
 1.05) cannot leak into the draws. This matters for the KL estimator, which needs draws from pi_theta
 itself. ``decode`` exists because ``generate`` keeps a finished row computing pads until the batch's
-longest answer ends; most answers here end in half the token budget (README, Performance).
+longest answer ends; most answers here end in half the token budget (docs/performance.md).
 ``NEUTRAL_GENERATION`` lists the neutral value of every other knob, for a direct ``generate`` call
 (bench/bench_eval.py's baseline).
 

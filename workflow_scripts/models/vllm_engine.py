@@ -44,7 +44,7 @@ def import_vllm(key: str = "eval.backend"):
     except ImportError as err:
         raise BackendError(
             f"{key} asks for vLLM but the vllm package cannot be imported ({err}); on a GPU machine "
-            "pip install -e '.[gpu]' (README, 'The paper experiment on GPUs'), or turn vLLM off there"
+            "pip install -e '.[gpu]' (docs/gpu-and-slurm.md, 'Install on a GPU box'), or turn vLLM off there"
         ) from err
     return vllm
 

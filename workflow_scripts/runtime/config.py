@@ -8,9 +8,12 @@ gave and the dotted key, e.g. ``other.yaml: train.gradient_accumulation_steps: .
 error names the file, line and column.
 
 Which file: ``snakemake`` alone reads config.yaml; ``snakemake --configfile X`` reads X *instead*
-(``workflow_config``): nothing of config.yaml leaks in. ``--config k=v`` overrides apply on top, typed
-as the schema wants them (``retype_overrides``: Snakemake reads the values inside a --config list or
-mapping as strings, so ``seeds=[1,2]`` would otherwise arrive as ``['1', '2']``).
+(``workflow_config``): nothing of config.yaml leaks in unless X says so with ``extends``
+(``config_files``).
+``--config k=v`` overrides apply on top, typed as the schema wants them (``retype_overrides``: Snakemake
+reads the values inside a --config list or mapping as strings, so ``seeds=[1,2]`` would otherwise arrive
+as ``['1', '2']``).
+
 """
 
 from __future__ import annotations
@@ -27,49 +30,29 @@ import jsonschema
 import yaml
 
 from workflow_scripts.runtime import eval_matmul, memory_plan, paths
+from workflow_scripts.runtime.config_files import (
+    ConfigError,
+    _as_given,
+    _node,
+    merge,
+    resolve_config,
+)
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = "config.yaml"
 Problem = tuple[str, str]  # (dotted key, what is wrong)
 
 
-class ConfigError(ValueError):
-    """A config problem; the message names the config file and the offending key."""
-
-
 # ------------------------------------------------------------------------------------ loading files
 
 
-def read_yaml(path: str | os.PathLike) -> Any:
-    """The parsed file; a syntax error becomes ``<file>:<line>:<col>: not valid YAML: <problem>``."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as err:
-        raise ConfigError(f"{path}: config file not found") from err
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML: {err.problem or err.context}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-
-
 def load_config(path: str | os.PathLike, check_files: bool = True) -> dict:
-    """Read and validate one config file (the command lines' ``--config``)."""
-    return validate_config(read_yaml(path), source=str(path), check_files=check_files)
-
-
-def merge(base: dict, update: Mapping) -> dict:
-    """Snakemake's merge rule (nested mappings merge, everything else replaces), in place."""
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
+    """Read (following ``extends``) and validate one config file (the command lines' ``--config``)."""
+    config, layers = resolve_config(path, name=str)
+    problems = config_problems(config, check_files)
+    if problems:
+        raise ConfigError(_format(problems, lambda key: _blame(key, layers)))
+    return config
 
 
 OVERRIDE_FORMS = (
@@ -89,17 +72,6 @@ def _typed(text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-
-
-def _node(tree: Any, path: Sequence[Any]) -> tuple[bool, Any]:
-    """(whether ``path`` exists in ``tree`` (mappings and lists), the value there)."""
-    for part in path:
-        in_mapping = isinstance(tree, Mapping) and part in tree
-        if in_mapping or (isinstance(tree, list) and isinstance(part, int) and part < len(tree)):
-            tree = tree[part]
-        else:
-            return False, None
-    return True, tree
 
 
 def retype_overrides(config: dict, overrides: Mapping) -> dict:
@@ -133,27 +105,31 @@ def workflow_config(
 ) -> tuple[dict, str]:
     """The validated config of a Snakemake invocation and the file its errors name.
 
-    ``snakemake_config`` is what Snakemake built from the command line alone (``--configfile`` files
-    merged, then ``--config`` pairs); the Snakefile declares no ``configfile:``, so config.yaml is read
-    here only when no ``--configfile`` was given. A key is blamed on the last file that sets it.
-    ``overrides``: the ``--config`` pairs alone (typed by ``retype_overrides``; a problem in one of them
-    shows the forms that work).
+    ``user_files``: the ``--configfile`` files; the Snakefile declares no ``configfile:``, so config.yaml
+    is read here only when none was given. Each file is read through its ``extends`` chain
+    (``resolve_config``), the files merge in order, then the ``--config`` pairs apply on top. The config
+    is rebuilt here rather than taken from Snakemake, which merges the files as written (``extends``
+    unread, ``replace`` keys merged instead of replaced). ``overrides``: the ``--config`` pairs alone
+    (typed by ``retype_overrides``; a problem in one of them shows the forms that work); when None,
+    ``snakemake_config`` stands for them if no file was given. A key is blamed on the last file (or
+    --config) that sets it.
     """
+    if overrides is None:
+        overrides = {} if user_files else snakemake_config
     layers: list[tuple[str, Mapping]] = []
-    if user_files:
-        layers = [(_as_given(f), read_yaml(f) or {}) for f in user_files]
-        config = copy.deepcopy(dict(snakemake_config))
-    else:
-        raw = read_yaml(default)
-        layers = [(default, raw if isinstance(raw, Mapping) else {})]
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{default}: the config must be a mapping, got {type(raw).__name__}")
-        config = merge(copy.deepcopy(raw), snakemake_config)  # --config k=v on top
-    if snakemake_config and not user_files:
-        layers.append(("--config", snakemake_config))
-    elif overrides:
-        layers.append(("--config", overrides))
+    config: dict = {}
+    for file in user_files or [default]:
+        resolved, chain = resolve_config(file)
+        if not isinstance(resolved, dict):
+            shown = _as_given(file)
+            if resolved is not None or not user_files:
+                raise ConfigError(f"{shown}: the config must be a mapping, got {type(resolved).__name__}")
+            resolved, chain = {}, [(shown, {})]  # an empty --configfile sets nothing
+        merge(config, resolved)
+        layers += [(shown, layer if isinstance(layer, Mapping) else {}) for shown, layer in chain]
+    merge(config, overrides)
     if overrides:
+        layers.append(("--config", overrides))
         retype_overrides(config, overrides)
     problems = config_problems(config)
     if problems:
@@ -161,13 +137,7 @@ def workflow_config(
         if overrides and "--config: " in message:
             message += f"\n  ({OVERRIDE_FORMS})"
         raise ConfigError(message)
-    return config, layers[-1][0] if user_files else default
-
-
-def _as_given(path: str | os.PathLike) -> str:
-    """Snakemake makes --configfile paths absolute; show them relative to the working dir if inside it."""
-    rel = os.path.relpath(path)
-    return str(path) if rel.startswith("..") else rel
+    return config, _as_given(user_files[-1]) if user_files else default
 
 
 def _blame(key: str, layers: Sequence[tuple[str, Mapping]]) -> str:

@@ -3,7 +3,7 @@ forked from it instead of importing them again (the torch stages; the others' on
 
 Why: a torch job's fixed cost is its imports, not its work. On a 2-core AVX2 AMD EPYC the default's 130
 evaluate jobs spent 9.3 s each starting (1210 of 1922 job seconds) and start-up was 37% of all job seconds
-(README, "Where the time goes"). Forking a process that has already imported costs ~0.1 s.
+(docs/performance.md, "Where the time goes"). Forking a process that has already imported costs ~0.1 s.
 
 How a job runs through it (``delegate``, called by ``startup`` as a stage's ``script:`` job starts):
 

@@ -17,8 +17,8 @@ from workflow_scripts.statistics.noise_floor import without_repeats
 TRUNCATION_WARN = 0.5
 NO_ANSWER_WARN = 0.5
 VERIFIER_FAIL_WARN = 0.0
-# a task whose base pass@1 is outside this band cannot show a change in one direction (README, "Synthetic
-# task families": the base must sit off the floor and the ceiling)
+# a task whose base pass@1 is outside this band cannot show a change in one direction (docs/miniature.md,
+# "Synthetic task families": the base must sit off the floor and the ceiling)
 BASE_J_BAND = (0.05, 0.95)
 
 

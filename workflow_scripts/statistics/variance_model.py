@@ -590,9 +590,9 @@ def permutation_lrt(
 
     The bootstrap draws its null tables from a normal model; real seed effects have outlying seeds (on
     the default's fp32 runs, one seed 3.5 SDs out on one task), and a variance test calibrated under
-    normality then rejects far above alpha (0.17 on splits of one arm's runs, README "Controls"). Under
-    "the arms' seed effects have one distribution" the seed vectors are exchangeable, so this p holds its
-    level whatever their shape (each arm's own means removed first; its known noise kept)."""
+    normality then rejects far above alpha (0.17 on splits of one arm's runs, docs/design.md "Controls").
+    Under "the arms' seed effects have one distribution" the seed vectors are exchangeable, so this p holds
+    its level whatever their shape (each arm's own means removed first; its known noise kept)."""
     assert fa.data is not None and fr.data is not None
     da, dr = fa.data, fr.data
     p, obs = calibrated_lrt(da, dr, *permuted_scatters(da.resid, dr.resid, n_perm, rng), floor)

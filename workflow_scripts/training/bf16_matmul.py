@@ -7,7 +7,7 @@ in bf16 vs 5.8 ms in fp32; bf16 train jobs 4x the fp32 ones). The emulated path 
 uses the fast fp32 GEMM: operands upcast to fp32 (exact: every bf16 is an fp32), one fp32 GEMM, the
 result rounded to bf16 (round to nearest even, as the native kernel's store). Only the summation order
 inside the fp32 accumulation differs from the native kernel's, which is within the native path's own
-rounding (tests/test_bf16_matmul.py compares both against a float64 reference).
+rounding (tests/training/test_bf16_matmul.py compares both against a float64 reference).
 
 | choice   | path                                                                                  |
 |----------|---------------------------------------------------------------------------------------|
