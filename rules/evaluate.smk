@@ -29,9 +29,9 @@ rule evaluate:
         trust_remote_code=config["model"]["trust_remote_code"],
         code=code("evaluate"),
     log:
-        "logs/evaluate/" + EVALUATE_JOB + ".log",
+        f"logs/evaluate/{EVALUATE_JOB}.log",
     benchmark:
-        "benchmarks/evaluate/" + EVALUATE_JOB + ".tsv"
+        f"benchmarks/evaluate/{EVALUATE_JOB}.tsv"
     conda:
         "../envs/train.yaml"
     threads: job_threads("evaluate")
