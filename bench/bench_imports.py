@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("prepare_data", "base_model", "train", "evaluate", "sparsity", "overlap", "aggregate", "stats",
-          "figures", "report")  # fmt: skip
+          "learning_curves", "figures", "report")  # fmt: skip
 HEAVY = ("torch", "transformers", "trl", "vllm", "datasets", "pandas", "pyarrow", "sympy", "math_verify",
          "matplotlib", "seaborn", "statsmodels", "scipy", "sklearn", "accelerate", "peft")  # fmt: skip
 LINE = re.compile(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s+)(\S+)")

@@ -1,6 +1,8 @@
 # analysis: aggregate (tidy tables) -> stats (gate, mixed model, H1-H3) -> figures ->
-# report. Each rule's script: is its stage module (workflow_scripts/aggregate.py, stats.py,
-# figures.py, report.py: run / from_snakemake / main). Inputs are the upstream rules' declared outputs.
+# report; beside them learning_curves (every run's heldout.jsonl -> the curves table and when the arms
+# part). Each rule's script: is its stage module (workflow_scripts/aggregate.py, stats.py,
+# learning_curves.py, figures.py, report.py: run / from_snakemake / main). Inputs are the upstream rules'
+# declared outputs.
 # params: aggregate gets the task roles, precision order and each arm's base run only, so changing
 # `analysis:` reruns the statistics, figures and report but never the aggregation. The figures are the
 # entries of workflow_scripts/plots/figure_list.py (one output and one caption file each).
@@ -68,6 +70,32 @@ rule stats:
         "../workflow_scripts/stats.py"
 
 
+rule learning_curves:
+    input:
+        heldout=train_outputs("heldout.jsonl"),  # repeats included: kept in the table, not in the tests
+    output:
+        table=f"{ANALYSIS}/heldout_curves.parquet",
+        stats=report(
+            f"{ANALYSIS}/learning_curves.json", caption="../report/learning_curves.rst", category="Report"
+        ),
+    params:
+        roles=TASK_ROLES,
+        precisions=PRECISIONS,
+        analysis=config["analysis"],
+        code=code("learning_curves"),
+    log:
+        "logs/learning_curves/learning_curves.log",
+    benchmark:
+        "benchmarks/learning_curves/learning_curves.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    threads: job_threads("learning_curves")
+    resources:
+        **job_resources("learning_curves"),
+    script:
+        "../workflow_scripts/learning_curves.py"
+
+
 rule figures:
     input:
         metrics=rules.aggregate.output.metrics,
@@ -75,6 +103,7 @@ rule figures:
         sparsity=rules.aggregate.output.sparsity,
         overlap=rules.aggregate.output.overlap,
         stats=rules.stats.output.stats,
+        heldout=rules.learning_curves.output.table,
     output:
         **FIGURE_OUTPUTS,
     params:
@@ -98,6 +127,7 @@ rule report:
         stats=rules.stats.output.stats,
         metrics=rules.aggregate.output.metrics,
         overlap=rules.aggregate.output.overlap,
+        learning_curves=rules.learning_curves.output.stats,
         figures=rules.figures.output,
         base=rules.base_model.output.record,  # numerics provenance of every record
         runs=train_outputs("run.json"),  # repeats included: a repeat may run on another numerics path

@@ -11,6 +11,8 @@ from workflow_scripts.runtime import eval_matmul, memory_plan, paths
 from workflow_scripts.runtime.codehash import code_version
 from workflow_scripts.runtime.config import ConfigError, workflow_config
 from workflow_scripts.runtime.resources import job_threads as _job_threads, snakemake_resources, train_processes
+from workflow_scripts.training.curriculum import data_phases
+from workflow_scripts.training.heldout_spec import HELDOUT_FILE, heldout_spec, without_heldout
 
 # `--configfile X` means X alone: the Snakefile declares no `configfile:`, so config.yaml is read only
 # when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml), or when X says
@@ -77,6 +79,8 @@ def job_resources(rule):
 
 SYNTHETIC_SOURCES = ("train_val", "synthetic")
 REAL_TASKS = [t for t, spec in config["data"]["tasks"].items() if spec["source"] not in SYNTHETIC_SOURCES]
+CURRICULUM = data_phases(config["train"])  # train.curriculum's prompt sets (training/curriculum.py)
+CURRICULUM_FILES = {f"phase{k}": str(paths.curriculum_data(k)) for k in range(len(CURRICULUM))}
 ON_TASK = next(t for t, spec in config["data"]["tasks"].items() if spec["role"] == "on_task")
 
 

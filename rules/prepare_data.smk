@@ -3,7 +3,8 @@
 # adding or changing a task reruns only its own data and evaluation. prepare_train writes the training
 # prompts and the warm-start pool, deduplicated against the REAL (hub/local) eval sets only: synthetic
 # eval sets are held out by construction (synthetic.on_side). Adding a real-data task therefore may
-# rerun training: contamination is a real dependency.
+# rerun training: contamination is a real dependency. prepare_train also writes train.curriculum's
+# phase prompt sets (data/curriculum/phase{k}.jsonl), de-duplicated the same way.
 rule prepare_eval:
     output:
         eval=str(paths.eval_data("{task}")),
@@ -30,8 +31,10 @@ rule prepare_train:
         train=str(paths.data_dir() / "train.jsonl"),
         sft=str(paths.data_dir() / "sft.jsonl"),
         summary=str(paths.data_dir() / "prepare.json"),
+        **CURRICULUM_FILES,
     params:
         data=prepare_train_data(),
+        curriculum=CURRICULUM,
         code=code("prepare_data"),
     log:
         "logs/prepare_train/prepare_train.log",

@@ -6,6 +6,9 @@
 # version, so changing an eval/analysis setting never reruns training. `processes` (the run's world size,
 # from train.distributed or one per GPU of resources.train) is a param: a new world size retrains.
 # GPUs, threads and memory: config `resources.train` (job_threads/job_resources, rules/common.smk).
+# heldout.jsonl: the run's held-out curve, measured during training on every task's eval set (an input)
+# with the settings heldout_spec collects (train.eval_* and the eval section's sampling and verifiers:
+# a param, so changing them retrains; other eval settings do not). curriculum: train.curriculum's phases.
 
 
 rule train:
@@ -13,12 +16,16 @@ rule train:
         train=rules.prepare_train.output.train,
         base=rules.base_model.output.model,
         record=rules.base_model.output.record,
+        heldout_data=[str(paths.eval_data(task)) for task in heldout_spec(config)["tasks"]],
+        curriculum=list(CURRICULUM_FILES.values()),
     output:
         model=directory(str(paths.train_dir("{precision}", "{seed}") / "model")),
         metrics=str(paths.train_dir("{precision}", "{seed}") / "metrics.jsonl"),
         run=str(paths.train_dir("{precision}", "{seed}") / "run.json"),
+        heldout=str(paths.train_dir("{precision}", "{seed}") / HELDOUT_FILE),
     params:
-        train=config["train"],
+        train=without_heldout(config["train"]),
+        heldout=heldout_spec(config),
         precision=lambda wc: config["precisions"][wc.precision],
         model={k: config["model"][k] for k in ("dtype", "trust_remote_code")},
         checkpoints=lambda wc: str(paths.checkpoint_dir(wc.precision, wc.seed)),
@@ -46,6 +53,7 @@ use rule train as train_repeat with:
         model=directory(str(paths.train_dir("{precision}", "{seed}", repeat="{repeat}") / "model")),
         metrics=str(paths.train_dir("{precision}", "{seed}", repeat="{repeat}") / "metrics.jsonl"),
         run=str(paths.train_dir("{precision}", "{seed}", repeat="{repeat}") / "run.json"),
+        heldout=str(paths.train_dir("{precision}", "{seed}", repeat="{repeat}") / HELDOUT_FILE),
     params:
         checkpoints=lambda wc: str(paths.checkpoint_dir(wc.precision, wc.seed, repeat=wc.repeat)),
     log:

@@ -16,8 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from test_aggregate import run_aggregate, write_fake_results
+from test_learning_curves import write_heldout
 
 from workflow_scripts import figures, stats
+from workflow_scripts.learning_curves import build_table
 from workflow_scripts.plots import figure_list
 from workflow_scripts.plots.common import FigureData
 from workflow_scripts.plots.figure_list import FIGURES
@@ -32,9 +34,9 @@ def make_data(
 ) -> FigureData:
     files = write_fake_results(root, precisions=precisions, seeds=seeds, kl=kl, **fake)
     metrics, curves, sparsity, _, overlap = run_aggregate(files, precisions=precisions)
-    return FigureData(
-        metrics, curves, sparsity, stats.analyze(metrics, FAST, precisions=precisions), precisions, overlap
-    )
+    heldout, _ = build_table(write_heldout(root / "heldout", precisions, seeds), precisions=precisions)
+    analysis = stats.analyze(metrics, FAST, precisions=precisions)
+    return FigureData(metrics, curves, sparsity, analysis, precisions, overlap, heldout)
 
 
 def assert_png(path: Path) -> None:
@@ -57,6 +59,7 @@ def test_cli_writes_every_figure_as_a_png(data, tmp_path):
     data.curves.to_parquet(tmp_path / "curves.parquet")
     data.sparsity.to_parquet(tmp_path / "sparsity.parquet")
     data.overlap.to_parquet(tmp_path / "overlap.parquet")
+    data.heldout.to_parquet(tmp_path / "heldout.parquet")
     (tmp_path / "stats.json").write_text(json.dumps(data.stats))
     outputs = {name: tmp_path / "figures" / f"{name}.png" for name in FIGURES}
     argv = [
@@ -70,6 +73,8 @@ def test_cli_writes_every_figure_as_a_png(data, tmp_path):
         str(tmp_path / "overlap.parquet"),
         "--stats",
         str(tmp_path / "stats.json"),
+        "--heldout",
+        str(tmp_path / "heldout.parquet"),
         "--precisions",
         "fp32",
         "bf16",
@@ -117,7 +122,12 @@ def test_colours_are_fixed_per_precision(data):
 
 def test_one_figure_list_drives_the_rule_the_code_and_the_captions():
     assert set(figures.PLOTS) == set(FIGURES)
-    captions = {p.stem for p in (REPO / "report").glob("*.rst")} - {"report", "stats", "workflow"}
+    captions = {p.stem for p in (REPO / "report").glob("*.rst")} - {
+        "report",
+        "stats",
+        "learning_curves",
+        "workflow",
+    }
     assert captions == set(FIGURES), "report/<figure>.rst for every figure and no other"
     assert all(figure_list.note(name) for name in FIGURES)
     rule = (REPO / "rules" / "analysis.smk").read_text()
@@ -176,3 +186,27 @@ def test_the_kl_figures_follow_the_analysis_estimator(data, monkeypatch):
     for name in ("kl_by_task", "variance_components", "variance_ratios"):
         caption = (REPORT_DIR / f"{name}.rst").read_text()
         assert "analysis.kl_estimator" in caption and "k3" not in caption, name
+
+
+def test_the_heldout_figures_draw_a_panel_per_task_and_noise_beside_each_arm(data, tmp_path):
+    """heldout_curves: one panel per task with a line per arm; heldout_variance: per role, each arm's
+    across-seed variance (solid) and its eval noise (dashed), the numbers learning_curves.json lists."""
+    from workflow_scripts.plots import curve_plots
+
+    repeat = data.heldout[data.heldout["run"] == "bf16-s1"].assign(run="bf16-s1-r2", repeat=2, J=1.0)
+    data = FigureData(data.metrics, precisions=data.precisions, heldout=pd.concat([data.heldout, repeat]))
+    assert (data.heldout["repeat"] == 1).all()  # repeats are not seeds: no band includes them
+    fig = curve_plots.plot_heldout_curves(data)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["add_sub (on-task)", "mul (off-task)", "chain (off-task)"]
+    assert "band ±1 SD" in fig.get_suptitle()
+    fig = curve_plots.plot_heldout_variance(data)
+    for ax in fig.axes:
+        styles = sorted(line.get_linestyle() for line in ax.get_lines())
+        assert styles == ["-", "-", "--", "--"], ax.get_title()  # 2 arms: spread and noise each
+        noise = next(line for line in ax.get_lines() if line.get_linestyle() == "--")
+        assert np.allclose(noise.get_ydata(), 1e-3)
+    empty = FigureData(data.metrics)
+    for name in ("heldout_curves", "heldout_variance"):
+        figures.make_figures(empty, {name: tmp_path / f"{name}.png"})
+        assert_png(tmp_path / f"{name}.png")

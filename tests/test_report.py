@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 from test_aggregate import _add_repeat, run_aggregate, write_fake_results
 from test_figures import FAST, REPO, SIX_ARMS, assert_png, flat_table, make_data
+from test_learning_curves import write_heldout
 
 from workflow_scripts import figures, report, stats
 from workflow_scripts.plots import figure_list
@@ -98,6 +99,29 @@ def test_report_states_gate_verdicts_power_and_figures(data, tmp_path):
     for name in FIGURES:
         assert f"[{name}](figures/{name}.png): {figure_list.note(name)}" in text
     assert "design.md" not in text and "## Warnings" in text
+
+
+def test_report_says_when_the_learning_curves_part(data, tmp_path):
+    """The report stage reads learning_curves.json (the learning_curves stage's output) into its section."""
+    from test_learning_curves import run_stage, write_heldout
+
+    _, curves = run_stage(tmp_path, write_heldout(tmp_path / "results", seeds=tuple(range(1, 9))))
+    data.metrics.to_parquet(tmp_path / "metrics.parquet")
+    (tmp_path / "stats.json").write_text(json.dumps(data.stats))
+    (tmp_path / "curves.json").write_text(json.dumps(curves))
+    files = {
+        name: str(tmp_path / name) for name in ("stats.json", "metrics.parquet", "curves.json", "report.md")
+    }
+    argv = ["--stats", files["stats.json"], "--metrics", files["metrics.parquet"],
+            "--learning-curves", files["curves.json"], "--out", files["report.md"]]  # fmt: skip
+    assert report.main(argv) == 0
+    text = (tmp_path / "report.md").read_text()
+    section = text.split("## Learning curves (held-out pass@1 during training)")[1].split("\n## ")[0]
+    assert "against fp32" in section and "Measured at steps 0, 4, 8" in section
+    first = curves["comparisons"]["bf16"]["on_task_mean"]["first_differ"]["step"]
+    assert f"| bf16 | {'do not differ' if first is None else f'step {first} ('}" in section
+    assert "Step-0 check" in section and "- fp32: on-task" in section
+    assert "## Learning curves" not in report.render(data.stats, data.metrics, {}, tmp_path / "r.md")
 
 
 def test_report_lists_diverged_runs_and_how_the_verdicts_treat_them(tmp_path):
@@ -281,6 +305,12 @@ def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path):
         seeds=tuple(config["seeds"]),
         diverged=("bf16-s2",),
     )
+    write_heldout(
+        wf / "results",
+        tuple(config["precisions"]),
+        tuple(config["seeds"]),
+        tasks=tuple(config["data"]["tasks"]),
+    )
     analysis = rerun_analysis(wf)
     result = json.loads((analysis / "stats.json").read_text())
     assert result["excluded_runs"]["diverged"] == ["bf16-s2"] and "gate" in result
@@ -327,7 +357,7 @@ def test_full_workflow_writes_the_analysis_and_an_html_report(finished_workflow)
         assert_png(analysis / "figures" / f"{name}.png")
     text = (analysis / "report.md").read_text()
     assert all(f"### {h}: " in text for h in ("H1", "H2", "H3"))
-    for rule in ("aggregate", "stats", "figures", "report"):
+    for rule in ("aggregate", "stats", "learning_curves", "figures", "report"):
         assert (wf / "logs" / rule / f"{rule}.log").exists()
         assert (wf / "benchmarks" / rule / f"{rule}.tsv").exists()
     proc = run_snakemake(wf, "--report", "report.html", timeout=600)
@@ -346,7 +376,7 @@ def test_analysis_settings_rerun_only_the_analysis(finished_workflow):
         assert planned_jobs(finished_workflow) == {}
         set_key(cfg, "analysis.alpha", 0.01)
         jobs = planned_jobs(finished_workflow)
-        assert jobs == {"stats": 1, "figures": 1, "report": 1, "all": 1}, jobs
+        assert jobs == {"stats": 1, "learning_curves": 1, "figures": 1, "report": 1, "all": 1}, jobs
     finally:
         cfg.write_text(original)
 
@@ -385,7 +415,8 @@ def test_jobs_the_fork_server_ran_wrote_what_fresh_processes_write(finished_work
 
     train, evaluate = forked("train"), forked("evaluate")
     assert train and evaluate, "no train or evaluate job ran in the fork server"
-    assert all(forked(rule) for rule in ("aggregate", "stats", "figures", "report")), "analysis ran fresh"
+    analysis_rules = ("aggregate", "stats", "learning_curves", "figures", "report")
+    assert all(forked(rule) for rule in analysis_rules), "analysis ran fresh"
     # a forked job records its own CPU and memory (Snakemake's benchmark: measured the waiting client)
     usage = json.loads(re.findall(r"USAGE (\{.*\})", train[0].read_text())[-1])
     client_cpu = pd.read_csv(finished_workflow / "benchmarks" / "train" / train[0].parent.name /
@@ -444,6 +475,7 @@ def test_analysis_rules_on_a_flat_six_arm_two_seed_table(tmp_path):
     placeholder_outputs(wf)
     roles = {t: config["data"]["tasks"][t]["role"] for t in ("add_sub", "mul")}
     write_fake_results(wf / "results", precisions=SIX_ARMS, seeds=(1, 2), tasks=roles, flat=True)
+    write_heldout(wf / "results", SIX_ARMS, (1, 2), tasks=tuple(roles))
     analysis = rerun_analysis(wf)
     result = json.loads((analysis / "stats.json").read_text())
     assert {v["verdict"] for v in result["verdicts"].values()} == {"not testable"}

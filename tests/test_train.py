@@ -6,6 +6,8 @@ through a module-scoped fixture; the kill/resume test launches one training subp
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -18,8 +20,10 @@ import torch
 from conftest import REPO, bit_identical, load_test_config, make_workflow_dir, run_snakemake
 from safetensors.torch import load_file
 
-from workflow_scripts.train import train_run
+from workflow_scripts import train as train_stage
+from workflow_scripts.train import job_from_config, train_run
 from workflow_scripts.training.checkpoints import latest_complete_checkpoint
+from workflow_scripts.training.heldout import LINE_KEYS
 from workflow_scripts.training.metrics_log import KL_KEYS, ROLLOUT_KEYS, read_metrics
 
 STEPS = 14  # epochs of 6 optimizer steps (24 prompts / 4 per round): runs cross epoch boundaries
@@ -156,6 +160,116 @@ def test_metrics_one_line_per_step(runs):
     assert runs["fp32"]["run"]["rewards"]["steps_with_clipping"] > 0
 
 
+HELDOUT_STEPS = [0, 3, 6, 9, 12, 14]  # eval_every 3 (the test config) and the last step
+TIMING = ("generate_s", "score_s")
+
+
+def heldout(run: dict) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run["out"] / "heldout.jsonl")
+    ]
+
+
+def test_heldout_curve_every_task_at_step_0_every_n_and_the_last(tiny_base, runs):
+    tasks = list(tiny_base["config"]["data"]["tasks"])
+    for name, run in runs.items():
+        lines = heldout(run)
+        assert [(r["step"], r["task"]) for r in lines] == [(s, t) for s in HELDOUT_STEPS for t in tasks], name
+        assert all(set(r) == set(LINE_KEYS) - set(TIMING) for r in lines), name
+        assert all(r["n_problems"] == 8 and r["n_samples"] == 4 and r["backend"] == "hf" for r in lines), name
+        assert all(sum(r["correct_counts"]) / 32 == r["pass_at_1"] for r in lines), name
+        assert all(r["eval_noise_var"] is not None and r["phase"] is None for r in lines), name
+        assert run["run"]["heldout"]["steps"] == HELDOUT_STEPS
+    assert {r["dtype"] for r in heldout(runs["bf16"])} == {"bfloat16"}
+    assert heldout(runs["fp32"]) == heldout(runs["fp32_again"])  # reproducible
+    other = heldout(runs["fp32_seed2"])  # same weights at step 0, but its own sampling stream
+    assert [r["sampling_seed"] for r in other] != [r["sampling_seed"] for r in heldout(runs["fp32"])]
+    assert [r["problem_ids"] for r in other] == [r["problem_ids"] for r in heldout(runs["fp32"])]
+
+
+@pytest.mark.parametrize("arm,dtype", [("bf16", "bfloat16"), ("bf16_autocast", "float32")])
+def test_heldout_last_point_is_the_saved_policy_as_evaluated(tiny_base, tmp_path, arm, dtype):
+    """A run's last point must equal sampling its saved model as the evaluate stage does: in eval mode, in
+    the saved dtype without autocast, with the same slice, seed and product path. The bf16 arm trains
+    with dropout 0.1: sampling it in train mode differs. The autocast arm trains its fp32 masters under
+    bf16 autocast: sampling them under autocast differs. The slices are one-digit sums, where the tiny
+    model is right about a fifth of the time (on the test config's own eval sets it scores 0, which
+    could not tell the variants apart)."""
+    import shutil
+
+    from conftest import _one_digit_rows
+
+    from workflow_scripts.measures.eval_summary import score, summarize
+    from workflow_scripts.models.modeling import load_model, load_tokenizer
+    from workflow_scripts.tasks.rows import write_rows
+    from workflow_scripts.training.bf16_matmul import bf16_matmul
+    from workflow_scripts.training.heldout import heldout_slices
+    from workflow_scripts.training.heldout_spec import heldout_spec
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_base["data_dir"], data)
+    config = run_config(tiny_base)
+    config["train"].update(eval_problems=20, eval_samples=8)
+    for task in config["data"]["tasks"]:
+        config["data"]["tasks"][task].update(kind="integer", max_new_tokens=4)
+        write_rows(data / "eval" / f"{task}.jsonl", [dict(r, task=task) for r in _one_digit_rows()])
+    record = train_run(config, arm, 1, data, tiny_base["base_dir"], tmp_path / "out", tmp_path / "ckpt")
+    spec = heldout_spec(config)
+    last = {r["task"]: r for r in read_metrics(tmp_path / "out" / "heldout.jsonl") if r["step"] == STEPS}
+    model = load_model(tmp_path / "out" / "model", dtype)
+    tokenizer = load_tokenizer(tmp_path / "out" / "model")
+    path = record["bf16_matmul"]["path"] or "native"
+
+    def counts(rows: list[dict], task: str, variant=contextlib.nullcontext, sample=None) -> list[int]:
+        with bf16_matmul(path), variant():
+            completions = (sample or _sample)(model, tokenizer, rows, spec, last[task]["sampling_seed"])
+        return summarize(score(rows, completions, "integer", spec), spec["samples"])["correct_counts"]
+
+    for task, rows in heldout_slices(spec, data).items():
+        assert 0 < last[task]["pass_at_1"] < 1, task  # the comparison can tell something apart
+        assert last[task]["dtype"] == dtype
+        assert counts(rows, task) == last[task]["correct_counts"], task
+    task, rows = next(iter(heldout_slices(spec, data).items()))
+    if arm == "bf16":
+        assert counts(rows, task, sample=_sample_in_train_mode) != last[task]["correct_counts"]  # dropout
+    else:
+        autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+        assert counts(rows, task, variant=autocast) != last[task]["correct_counts"]  # the rollouts' numerics
+
+
+def _sample(model, tokenizer, rows, spec, seed):
+    from workflow_scripts.models.generation import sample_completions
+
+    return sample_completions(model, tokenizer, [r["prompt"] for r in rows], n_samples=spec["samples"],
+                              temperature=spec["temperature"], top_p=spec["top_p"], max_new_tokens=4,
+                              batch_size=spec["batch_size"], seed=seed)  # fmt: skip
+
+
+def _sample_in_train_mode(model, tokenizer, rows, spec, seed):
+    """``_sample`` with dropout on (sample_completions sets eval mode itself: the forward turns it back)."""
+    forward = model.forward
+
+    def train_forward(*args, **kwargs):
+        model.train(True)
+        return forward(*args, **kwargs)
+
+    model.forward = train_forward
+    try:
+        return _sample(model, tokenizer, rows, spec, seed)
+    finally:
+        model.forward = forward
+        model.eval()
+
+
+def test_heldout_measurement_leaves_the_trajectory_unchanged(tiny_base, runs, tmp_path):
+    job = job_from_config(run_config(tiny_base), "bf16", 1, tiny_base["data_dir"], tiny_base["base_dir"],
+                          tmp_path / "out", tmp_path / "ckpt")  # fmt: skip
+    job["heldout"] = None  # no curve
+    train_stage.run(**job, threads=1)
+    assert not (tmp_path / "out" / "heldout.jsonl").exists()
+    assert bit_identical(load_file(tmp_path / "out" / "model" / "model.safetensors"), weights(runs["bf16"]))
+
+
 def test_checkpoints_deleted_after_success(runs):
     assert not runs["fp32"]["ckpt"].exists()
 
@@ -174,7 +288,8 @@ def test_same_seed_bit_identical_other_seed_differs(tiny_base, runs):
 _CHILD = """
 import json, sys, time
 from transformers import TrainerCallback
-from workflow_scripts.train import train_run
+from workflow_scripts.train import job_from_config, run, train_run
+from workflow_scripts.training.heldout import LINE_KEYS
 
 class HoldAfterCheckpoint(TrainerCallback):
     # Pause at step 10 (after checkpoint-8 was written and step 9 was logged) so the parent's SIGKILL
@@ -235,6 +350,7 @@ def test_sigkill_then_resume_isbit_identical(tiny_base, runs, tmp_path):
     reference = runs["fp32"]["metrics"]
     for key in ("reward", "loss", "grad_norm", "clip_region", "kl_k3"):
         assert [r[key] for r in metrics] == [r[key] for r in reference], key
+    assert heldout({"out": out}) == heldout(runs["fp32"])  # the curve resumed: no step lost or repeated
     assert not ckpt.exists()
 
 

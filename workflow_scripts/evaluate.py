@@ -81,13 +81,10 @@ from workflow_scripts.runtime.threads import (
 # isort: split
 
 import argparse
-import hashlib
 import logging
 import os
 import time
 from dataclasses import dataclass
-
-import torch
 
 from workflow_scripts.measures.eval_summary import finite, score, summarize
 from workflow_scripts.models.generation import Completion, sample_completions
@@ -96,6 +93,8 @@ from workflow_scripts.models.modeling import load_tokenizer
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_json, write_parquet
 from workflow_scripts.runtime.eval_matmul import bf16_matmul as eval_bf16_matmul
+from workflow_scripts.runtime.seeds import derive_seed
+from workflow_scripts.runtime.seeds import seeded_subset as kl_prompt_indices
 from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.tasks.rows import Row, read_parquet, read_rows
 from workflow_scripts.training.bf16_matmul import bf16_matmul as matmul_context
@@ -104,12 +103,6 @@ from workflow_scripts.training.bf16_matmul import resolve as resolve_matmul
 log = logging.getLogger("evaluate")
 
 BACKENDS = ("hf", "vllm")
-
-
-def derive_seed(base_seed: int, *parts: str) -> int:
-    """A stable 31-bit seed from the config seed and names (Python's hash() is salted per process)."""
-    digest = hashlib.sha256("/".join([str(base_seed), *map(str, parts)]).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 def _check_backend(backend: str) -> None:
@@ -185,14 +178,6 @@ def generate(
 
 
 # ------------------------------------------------------------------------------------------ KL
-
-
-def kl_prompt_indices(n_rows: int, k: int, seed: int) -> list[int]:
-    """``k`` of ``n_rows`` problems, a seeded sample in file order (all of them when k >= n_rows)."""
-    if k >= n_rows:
-        return list(range(n_rows))
-    gen = torch.Generator().manual_seed(seed)
-    return sorted(torch.randperm(n_rows, generator=gen)[:k].tolist())
 
 
 def measure_kl(policy, reference, tokenizer, rows: list[Row], eval_cfg: dict, max_new_tokens: int,
@@ -319,8 +304,9 @@ def run_tasks(
     if eval_cfg["backend"] == "vllm":  # vLLM holds the GPU while it samples: models after it
         from workflow_scripts.models.vllm_backend import open_engine
 
-        with open_engine(model, tokenizer, eval_cfg.get("vllm"), policy_dtype, seeds[tasks[0].task],
-                         threads) as engine:
+        with open_engine(
+            model, tokenizer, eval_cfg.get("vllm"), policy_dtype, seeds[tasks[0].task], threads
+        ) as engine:
             for job in tasks:
                 generated[job.task] = generate(
                     model, [r["prompt"] for r in rows[job.task]], eval_cfg, job.cfg["max_new_tokens"],

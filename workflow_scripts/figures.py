@@ -12,6 +12,10 @@
 | overlap             | cross-seed Jaccard / chance of the changed masks against eta  | figures_sparsity  |
 | training_curves     | reward, informative fraction, clip fraction, KL, entropy,     | here              |
 |                     | grad norm per step: mean over seeds, band +-1 SD              |                   |
+| heldout_curves      | held-out pass@1 against step per task: mean over seeds, band  | curve_plots       |
+|                     | +-1 SD                                                        |                   |
+| heldout_variance    | across-seed variance of dJ against step per role, beside the  | curve_plots       |
+|                     | eval noise (dashed)                                           |                   |
 
 Every function takes a ``FigureData`` (figures_common) and returns a matplotlib Figure. FigureData
 holds each (arm, seed) once: repeats (config ``repeats``, the noise floor) are not seeds, so no dot,
@@ -37,6 +41,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from workflow_scripts.plots.common import DPI, FigureData, dots_by_task, placeholder
+from workflow_scripts.plots.curve_plots import plot_heldout_curves, plot_heldout_variance
 from workflow_scripts.plots.figure_list import FIGURES
 from workflow_scripts.plots.sparsity_plots import plot_overlap, plot_sparsity_by_module, plot_sparsity_vs_eta
 from workflow_scripts.plots.variance_plots import plot_variance_components, plot_variance_ratios
@@ -140,6 +145,8 @@ PLOTS: dict[str, Callable[[FigureData], Figure]] = {
     "sparsity_vs_eta": plot_sparsity_vs_eta,
     "overlap": plot_overlap,
     "training_curves": plot_training_curves,
+    "heldout_curves": plot_heldout_curves,
+    "heldout_variance": plot_heldout_variance,
 }
 
 
@@ -179,11 +186,19 @@ def run(
     overlap: str | None = None,
     stats: str | None = None,
     precisions: Sequence[str] = (),
+    heldout: str | None = None,
 ) -> None:
-    """The figures stage: one PNG per entry of ``outputs`` (figure name -> path)."""
+    """The figures stage: one PNG per entry of ``outputs`` (figure name -> path); ``heldout``: the
+    learning_curves stage's heldout_curves.parquet."""
     content: dict[str, Any] = read_json(stats) if stats else {}
     data = FigureData(
-        _table(metrics), _table(curves), _table(sparsity), content, list(precisions), _table(overlap)
+        _table(metrics),
+        _table(curves),
+        _table(sparsity),
+        content,
+        list(precisions),
+        _table(overlap),
+        _table(heldout),
     )
     make_figures(data, outputs)
     print(f"figures: {len(outputs)} written ({', '.join(outputs)})", file=sys.stderr)
@@ -197,6 +212,7 @@ def from_snakemake(smk: Any) -> None:
         sparsity=inp.sparsity,
         overlap=inp.overlap,
         stats=inp.stats,
+        heldout=inp.heldout,
         precisions=list(smk.params.precisions),
         outputs={name: smk.output[name] for name in FIGURES},
     )
@@ -212,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sparsity", help="sparsity.parquet")
     p.add_argument("--overlap", help="overlap.parquet")
     p.add_argument("--stats", help="stats.json")
+    p.add_argument("--heldout", help="heldout_curves.parquet")
     p.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
     p.add_argument(
         "--out",
@@ -234,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         sparsity=args.sparsity,
         overlap=args.overlap,
         stats=args.stats,
+        heldout=args.heldout,
         precisions=args.precisions,
         outputs=outputs,
     )

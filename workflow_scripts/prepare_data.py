@@ -1,6 +1,7 @@
 """prepare_data stage: training prompts, held-out and off-task evaluation sets, the warm-start pool.
 
-Outputs (under ``--out``): train.jsonl, eval/{task}.jsonl, sft.jsonl, prepare.json (counts,
+Outputs (under ``--out``): train.jsonl, eval/{task}.jsonl, sft.jsonl, curriculum/phase{k}.jsonl (one per
+``train.curriculum`` phase: ``build_phase_set``), prepare.json (counts,
 including how many training prompts were dropped as duplicates of a REAL evaluation prompt, and how many
 bad dataset records were skipped under ``data.on_bad_row: skip``; the default ``error`` stops the
 stage at the first bad record, naming file, line and field).
@@ -21,6 +22,7 @@ from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.tasks import synthetic
 from workflow_scripts.tasks.real_datasets import load_dataset_rows
 from workflow_scripts.tasks.rows import Row, read_rows, write_rows
+from workflow_scripts.training.curriculum import data_phases
 
 log = logging.getLogger("prepare_data")
 
@@ -89,6 +91,27 @@ def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None)
     return rows, stats
 
 
+def build_phase_set(data_cfg: dict, phase: dict, index: int, train_rows: list[Row],
+                    skipped: dict[str, list[str]]) -> list[Row]:  # fmt: skip
+    """Curriculum phase ``index``'s prompts (``training.curriculum``): a synthetic family's train-side
+    problems (held out from every eval set by construction), data.train's own rows (source ``train``),
+    or a real source de-duplicated by prompt as data.train is; every row gets data.train's verifier kind."""
+    name = f"curriculum{index}"
+    if phase["source"] == "train":
+        rows = [dict(row) for row in train_rows]
+    elif phase["source"] == "synthetic":
+        rows = synthetic.generate(phase["family"], phase["n"], data_cfg["seed"], name, side="train")
+    else:
+        loaded = load_dataset_rows(phase["source"], name, phase.get("path"), None, _on_bad_row(data_cfg),
+                                   skipped.setdefault(name, []))  # fmt: skip
+        rows = distinct_prompts(loaded)[0][: phase["n"]]
+    for row in rows:
+        row["kind"] = data_cfg["train"]["kind"]
+    if not rows:
+        raise ValueError(f"train.curriculum.{index}: produced no rows")
+    return rows
+
+
 def distinct_prompts(rows: list[Row]) -> tuple[list[Row], dict]:
     """``rows`` with each normalized prompt once (first occurrence, order kept) and the counts."""
     first: dict[str, Row] = {}
@@ -119,12 +142,14 @@ def deduplicate(train: list[Row], eval_sets: dict[str, list[Row]]) -> tuple[list
     return kept, dropped
 
 
-def run(data: dict, out: str | Path, tasks: list[str] | None = None, train: bool = True) -> dict:
+def run(data: dict, out: str | Path, tasks: list[str] | None = None, train: bool = True,
+        curriculum: list[dict] | None = None) -> dict:  # fmt: skip
     """The stage: eval sets of ``tasks`` (None = every task) and, if ``train``, train/sft/prepare.json.
 
     The workflow runs it per task (``prepare_eval``: one task, ``train=False``) and once for the
     training side (``prepare_train``: ``tasks=[]``; the real eval sets it deduplicates against are
-    read from ``out/eval/``, its inputs). The CLI runs everything.
+    read from ``out/eval/``, its inputs). The CLI runs everything. ``curriculum``: the phases'
+    data specs (``curriculum.data_phases``), prepared with the training side.
     """
     out = Path(out)
     skipped: dict[str, list[str]] = {}
@@ -144,7 +169,8 @@ def run(data: dict, out: str | Path, tasks: list[str] | None = None, train: bool
         real[name] = read_rows(out / "eval" / f"{name}.jsonl")
         if _on_bad_row(data) == "skip":  # its prepare_eval job skipped them: count them in prepare.json
             build_eval_set(data, name, skipped)
-    return prepare_train(data, out, real, {name: len(rows) for name, rows in built.items()}, skipped)
+    return prepare_train(data, out, real, {name: len(rows) for name, rows in built.items()}, skipped,
+                         curriculum or [])  # fmt: skip
 
 
 def from_snakemake(smk) -> None:
@@ -153,16 +179,18 @@ def from_snakemake(smk) -> None:
         out = Path(smk.output.eval).parent.parent
         run(dict(smk.params.data), out, tasks=[smk.wildcards.task], train=False)
     else:
-        run(dict(smk.params.data), Path(smk.output.train).parent, tasks=[])
+        run(dict(smk.params.data), Path(smk.output.train).parent, tasks=[],
+            curriculum=list(smk.params.curriculum))  # fmt: skip
 
 
 def _on_bad_row(data_cfg: dict) -> str:
     return data_cfg["on_bad_row"]  # schema default: "error"
 
 
-def prepare(data_cfg: dict, out: Path) -> dict:
-    """Every data set of ``data_cfg`` into ``out`` (what the workflow's prepare rules do together)."""
-    return run(data_cfg, out)
+def prepare(data_cfg: dict, out: Path, curriculum: list[dict] | None = None) -> dict:
+    """Every data set of ``data_cfg`` (and the curriculum's phases) into ``out`` (what the workflow's
+    prepare rules do together)."""
+    return run(data_cfg, out, curriculum=curriculum)
 
 
 def prepare_train(
@@ -171,8 +199,10 @@ def prepare_train(
     real_eval_sets: dict[str, list[Row]],
     eval_counts: dict[str, int],
     skipped: dict[str, list[str]],
+    curriculum: list[dict] = (),
 ) -> dict:
-    """train.jsonl (deduplicated against the REAL eval sets), sft.jsonl and prepare.json."""
+    """train.jsonl (deduplicated against the REAL eval sets), the curriculum's phases (the same),
+    sft.jsonl and prepare.json."""
     train, within = build_train_set(data_cfg, skipped)
     n_before = len(train)
     dropped = dict.fromkeys(real_eval_sets, 0)
@@ -185,6 +215,15 @@ def prepare_train(
     sft = synthetic.sample_mix(sft_mix, data_cfg["sft_n"], data_cfg["seed"], exclude=eval_prompts)
     write_rows(out / "sft.jsonl", sft)
     write_rows(out / "train.jsonl", train)
+    phase_rows = []
+    for index, phase in enumerate(curriculum):
+        rows = build_phase_set(data_cfg, phase, index, train, skipped)
+        if data_cfg["dedup"]:
+            rows = deduplicate(rows, real_eval_sets)[0]
+        if not rows:
+            raise ValueError(f"train.curriculum.{index}: no rows left after deduplication")
+        write_rows(paths.curriculum_file(out, index), rows)
+        phase_rows.append(len(rows))
     summary = {
         "config_hash": section_hash(data_cfg),
         "train": {
@@ -194,6 +233,7 @@ def prepare_train(
             "dropped_total": sum(dropped.values()),
             "dropped_by_eval_task": dropped,
         },
+        "curriculum": phase_rows,
         "eval": eval_counts,
         "sft": {"rows": len(sft), "mix": sft_mix},
         "bad_rows": {
@@ -222,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(paths.data_dir()))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    run(load_config(args.config)["data"], args.out)
+    config = load_config(args.config)
+    run(config["data"], args.out, curriculum=data_phases(config["train"]))
     return 0
 
 

@@ -6,7 +6,8 @@ or minimal detectable ratio, MDE) and a warning where a verdict rests on an eval
 one paragraph per hypothesis; the controls (when the config has control arms: did each come out as it
 must); excluded (diverged) runs and how the verdicts treat them; the seed-variance components (whole,
 shared, seed x task) and the eval-noise shares; key numbers (classical tests); the numerical noise
-floor (when the config has ``repeats``: repeat variance beside seed variance); training,
+floor (when the config has ``repeats``: repeat variance beside seed variance); the learning curves (from
+learning_curves.json: the first step at which each arm's held-out curves part from the reference's); training,
 representable-update fraction and sparsity per precision; cross-seed overlap of the update masks; the
 figures (``figure_list``: name and the first sentence of its caption); warnings.
 
@@ -33,6 +34,7 @@ from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_text
 from workflow_scripts.runtime.numerics import provenance_section
 from workflow_scripts.runtime.smk import main_from, parse_pairs
+from workflow_scripts.statistics.curve_report import learning_curves_section
 from workflow_scripts.statistics.noise_floor import without_repeats
 from workflow_scripts.statistics.report_tables import (
     components_section,
@@ -333,9 +335,10 @@ def render(
     precisions: Sequence[str] = (),
     overlap: pd.DataFrame | None = None,
     numerics: Mapping[str, Any] | None = None,
+    learning_curves: Mapping[str, Any] | None = None,
 ) -> str:
     """The whole report.md text. ``numerics``: record name -> the ``numerics`` entry of its base.json or
-    run.json (``numerics.provenance_section``)."""
+    run.json (``numerics.provenance_section``); ``learning_curves``: learning_curves.json's content."""
     arms = stats.get("precisions") or list(precisions)
     n = stats.get("n") or {}
     seeds = ", ".join(f"{a} {s}" for a, s in (n.get("seeds") or {}).items())
@@ -364,6 +367,7 @@ def render(
         noise_share_section(stats),
         numbers_section(stats, seeds_only),
         noise_floor_section(stats),
+        learning_curves_section(learning_curves),
         training_section(seeds_only, arms),
         sampler_gap_section(seeds_only, arms),
         overlap_section(overlap if overlap is not None else pd.DataFrame(), arms),
@@ -386,10 +390,13 @@ def run(
     precisions: Sequence[str] = (),
     overlap: str | os.PathLike | None = None,
     records: Sequence[str | os.PathLike] = (),
+    learning_curves: str | os.PathLike | None = None,
 ) -> str:
     """The report stage: report.md from stats.json and the aggregate tables; ``records``: the
-    base.json and run.json files whose numerics provenance the report lists."""
+    base.json and run.json files whose numerics provenance the report lists; ``learning_curves``:
+    learning_curves.json."""
     content: Any = read_json(stats)
+    curves = read_json(learning_curves) if learning_curves else None
     ov = read_parquet(overlap) if overlap else None
     numerics: dict[str, Any] = {}
     for path in records:  # provenance only: an unreadable record is listed as such, not a failed report
@@ -404,7 +411,7 @@ def run(
         name = paths.run_name(record["precision"], record["seed"], repeat) if seeded else "base"
         name += f" (repeat {repeat})" if repeat > 1 else ""
         numerics[name] = record.get("numerics") if isinstance(record, dict) else None
-    text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics)
+    text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics, curves)
     write_text(out, text)
     print(f"report: {len(text.splitlines())} lines -> {out}", file=sys.stderr)
     return text
@@ -420,6 +427,7 @@ def from_snakemake(smk: Any) -> None:
         precisions=list(smk.params.precisions),
         overlap=smk.input.overlap,
         records=[smk.input.base, *smk.input.runs],
+        learning_curves=smk.input.learning_curves,
     )
 
 
@@ -435,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--figure", nargs="*", default=[], metavar="NAME=PATH", help="figures to list")
     p.add_argument("--precisions", nargs="*", default=[], help="precision order (reference first)")
     p.add_argument("--records", nargs="*", default=[], help="base.json, run.json files")
+    p.add_argument("--learning-curves", help="learning_curves.json")
     p.add_argument("--out", default=str(analysis / "report.md"))
     args = p.parse_args(argv)
     try:
@@ -449,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         precisions=args.precisions,
         overlap=args.overlap,
         records=args.records,
+        learning_curves=args.learning_curves,
     )
     return 0
 

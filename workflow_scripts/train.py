@@ -68,6 +68,7 @@ from workflow_scripts.training.checkpoints import (
     prepare_checkpoint_dir,
     run_key,
 )
+from workflow_scripts.training.curriculum import schedule as curriculum_schedule
 from workflow_scripts.training.grpo_config import (
     gate_vllm,
     grpo_config,
@@ -78,6 +79,8 @@ from workflow_scripts.training.grpo_config import (
     world_size_from_env,
 )
 from workflow_scripts.training.grpo_trainer import make_trainer_class, rollout_dtype
+from workflow_scripts.training.heldout import HeldOutCurves, check_heldout, heldout_record, heldout_slices
+from workflow_scripts.training.heldout_spec import HELDOUT_FILE, heldout_spec, without_heldout
 from workflow_scripts.training.launch import launch_training
 from workflow_scripts.training.metrics_callback import MetricsLogger
 from workflow_scripts.training.metrics_log import (
@@ -134,6 +137,7 @@ def _train_dataset(rows: list[dict]):
                 "answer": str(r["answer"]),
                 "kind": r["kind"],
                 "meta": json.dumps(r.get("meta") or {}, sort_keys=True),
+                **({"phase": r["phase"]} if "phase" in r else {}),
             }
             for r in rows
         ]
@@ -172,7 +176,7 @@ def job_from_config(
         raise KeyError(f"unknown precision {precision!r}; configured: {sorted(config['precisions'])}")
     model = config.get("model", {})
     return {
-        "train": dict(config["train"]),
+        "train": without_heldout(config["train"]),
         "precision": precision,
         "mode": dict(config["precisions"][precision]),
         "model": {k: model[k] for k in ("dtype", "trust_remote_code") if k in model},
@@ -183,6 +187,7 @@ def job_from_config(
         "out_dir": str(out_dir),
         "ckpt_dir": str(ckpt_dir),
         "verifier": dict(config["data"]["train"]["verifier"]) if "data" in config else None,
+        "heldout": heldout_spec(config) if "data" in config else None,
     }
 
 
@@ -200,11 +205,14 @@ def run(
     callbacks: "list | None" = None,
     verifier: "dict | None" = None,
     repeat: int = 1,
+    heldout: "dict | None" = None,
 ) -> dict:
     """The stage: train arm ``precision`` (its config entry ``mode``) with seed ``seed``; write model/,
     metrics.jsonl and run.json under ``out_dir``. ``model`` = {dtype, trust_remote_code} of the base;
     ``verifier`` = the training set's verifier settings (``data.train.verifier``; None: defaults);
-    ``repeat`` = 1, or k >= 2 for a repeat of (precision, seed) (config ``repeats``: same seed)."""
+    ``repeat`` = 1, or k >= 2 for a repeat of (precision, seed) (config ``repeats``: same seed);
+    ``heldout`` = the held-out curve's settings (``heldout_spec``; the stage always has them; None: no
+    curve), measured on data_dir/eval/{task}.jsonl and written to heldout.jsonl."""
     started = time.time()
     data_dir, base_dir, out_dir, ckpt_dir = map(Path, (data_dir, base_dir, out_dir, ckpt_dir))
     train_cfg = dict(train)
@@ -226,29 +234,28 @@ def run(
 
     rows = read_rows(data_dir / "train.jsonl")
     kind = _training_kind(data_dir / "train.jsonl", rows)
+    train_rows, schedule = curriculum_schedule(train_cfg, data_dir, rows, kind)
     key = run_key(train_cfg, mode, seed, base_dir, data_dir)
     live_metrics = ckpt_dir / "metrics.jsonl"
+    live_heldout = ckpt_dir / HELDOUT_FILE
     state = PartialState()  # the process group GRPOConfig set up (a no-op in one process)
     with state.main_process_first():  # one process prepares the folder; the others then read it
         if state.is_main_process:
             resume = prepare_checkpoint_dir(ckpt_dir, key)
             resume_step = checkpoint_step(resume) if resume else 0
             previous = truncate_metrics(live_metrics, resume_step) if resume else []
-            if not resume and live_metrics.exists():
-                live_metrics.unlink()
+            previous_heldout = truncate_metrics(live_heldout, resume_step) if resume else []
+            for live in (live_metrics, live_heldout):
+                if not resume and live.exists():
+                    live.unlink()
             if resume and [r["step"] for r in previous] != list(range(1, resume_step + 1)):
                 raise RuntimeError(f"{live_metrics}: metrics do not cover steps 1..{resume_step} of {resume}")
         else:
             resume = latest_complete_checkpoint(ckpt_dir, remove_incomplete=False)
             resume_step, previous = (checkpoint_step(resume) if resume else 0), []
-    log.info(
-        "%s seed %d: %s on %s (%s)",
-        precision,
-        seed,
-        f"resuming from step {resume_step}" if resume else "starting",
-        device,
-        mode,
-    )
+            previous_heldout = [r for r in read_metrics(live_heldout) if r["step"] <= resume_step]
+    log.info("%s seed %d: %s on %s (%s)", precision, seed,
+             f"resuming from step {resume_step}" if resume else "starting", device, mode)  # fmt: skip
 
     trust = bool(model.get("trust_remote_code", False))
     tokenizer = load_tokenizer(base_dir, trust)
@@ -264,18 +271,22 @@ def run(
             reference = shard_reference(reference)
 
     logger = MetricsLogger(
-        live_metrics,
-        train_cfg["max_steps"],
-        kind,
-        reference=reference,
-        tokenizer=tokenizer,
+        live_metrics, train_cfg["max_steps"], kind, reference=reference, tokenizer=tokenizer,
         kl_prompts=kl_prompt_sample([r["prompt"] for r in rows], train_cfg["kl_prompts"]),
-        kl_every=train_cfg["kl_every"],
-        kl_samples=train_cfg["kl_samples"],
-        max_new_tokens=train_cfg["max_completion_length"],
-        previous=previous,
-        sharded=sharded,
-    )
+        kl_every=train_cfg["kl_every"], kl_samples=train_cfg["kl_samples"],
+        max_new_tokens=train_cfg["max_completion_length"], previous=previous, sharded=sharded,
+        phase_of=schedule["phase_of"], phase_names=schedule["names"],
+    )  # fmt: skip
+    curves = None
+    if heldout is not None:
+        name = paths.run_name(precision, seed, repeat)
+        about = {"run": name, "precision": precision, "seed": seed, "repeat": repeat,
+                 "stream": paths.stream_run(name)}  # fmt: skip
+        curves = HeldOutCurves(
+            live_heldout, heldout, heldout_slices(heldout, data_dir), about, train_cfg["max_steps"],
+            tokenizer, sharded=sharded, is_main=state.is_main_process, previous=previous_heldout,
+            phase_of=schedule["phase_of"], workers=threads,
+        )  # fmt: skip
     from transformers.trainer_callback import PrinterCallback
 
     trainer_class = make_trainer_class(
@@ -283,6 +294,7 @@ def run(
         int(train_cfg["dynamic_sampling_max_rounds"]),
         vllm_dtype=rollout_dtype(mode.param_dtype, mode.autocast) if train_cfg["use_vllm"] else None,
         vllm_settings=train_cfg["vllm"],
+        curriculum=schedule["sampler"],
     )
     cpu_fsdp = fsdp_on_cpu() if sharded and device == "cpu" else contextlib.nullcontext()
     with tracking_env(train_cfg["report_to"], out_dir), cpu_fsdp:  # tracking: the whole training
@@ -290,18 +302,23 @@ def run(
             model=policy,
             reward_funcs=reward_functions(train_cfg, kind, verifier),
             args=args,
-            train_dataset=_train_dataset(rows),
+            train_dataset=_train_dataset(train_rows),
             processing_class=tokenizer,
             callbacks=[
                 NonFiniteGuard(),
                 logger,
                 *([KLPartner(logger)] if sharded else []),
+                *([curves] if curves else []),
                 *(callbacks or []),
             ],
         )
+        if curves:
+            curves.trainer = trainer  # its colocated vLLM engine, when it has one
         trainer.remove_callback(PrinterCallback)
         check_distribution(trainer.accelerator, train_cfg, world)
         probe = AutocastProbe(trainer.model)
+        if curves:
+            curves.probe = probe
         # the arm's optimizer (rounding, update_noise; None: TRL's adamw_torch), its dtype contract, and
         # the path its bf16 products take (precision, optimizers, precision_contract, bf16_matmul)
         trainer.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs(mode, args, stream_seed)
@@ -333,6 +350,11 @@ def run(
             tokenizer.save_pretrained(tmp)
             written = check_saved_dtypes(tmp, mode, head_param_names(policy))
         write_text(out_dir / "metrics.jsonl", live_metrics.read_text(encoding="utf-8"))
+        heldout_lines = []
+        if heldout is not None:
+            heldout_lines = read_metrics(live_heldout)
+            check_heldout(heldout_lines, live_heldout, heldout, train_cfg["max_steps"])
+            write_text(out_dir / HELDOUT_FILE, live_heldout.read_text(encoding="utf-8"))
         health = assess_health(metrics, train_cfg["health"])
         for reason in health["reasons"]:
             log.warning("run marked diverged: %s", reason)
@@ -398,6 +420,7 @@ def run(
             "rewards": summary,
             "sampler_gap": gap_summary(metrics),
             "loss_scale": scaler_summary(metrics),
+            "heldout": heldout_record(heldout, heldout_lines),
         }
         write_json(out_dir / "run.json", record)
         shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -429,6 +452,7 @@ def from_snakemake(smk) -> None:
         "out_dir": str(Path(smk.output.run).parent),
         "ckpt_dir": str(smk.params.checkpoints),
         "verifier": dict(smk.params.verifier),
+        "heldout": dict(smk.params.heldout),
     }
     # the world size the rule planned (resources.train_processes): a param, so a new one retrains
     run_or_launch(job, int(smk.params.processes), smk.threads, smk.log[0] if len(smk.log) else None)

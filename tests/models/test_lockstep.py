@@ -107,4 +107,5 @@ def test_in_lockstep_a_sharded_model_decodes_rank_0s_tokens_on_every_rank_and_kl
     assert ranks[0]["tokens"] == ranks[1]["tokens"]
     assert ranks[0]["forwards"] == ranks[1]["forwards"] > MAX_NEW
     assert ranks[0]["budget"] == ranks[1]["budget"] > 0  # one memory bound: the same batches
-    assert all(r["kl"] is not None and r["kl"] >= 0 for r in ranks)
+    # the same weights as policy and reference: KL 0 up to rounding (the point is that it ends)
+    assert all(r["kl"] is not None and abs(r["kl"]) < 1e-9 for r in ranks)

@@ -178,6 +178,16 @@ MALFORMED = {
         "precisions.bf16_emul.bf16_matmul",
         "eval_matmul",
     ),
+    "curriculum steps that do not add up to max_steps": (
+        _set("train.curriculum", [{"family": "add_sub_small", "steps": 2}]),
+        "train.curriculum: the phases' steps add up to 2",
+        "curriculum",
+    ),
+    "held-out curves of a task that is not configured": (
+        _set("train.eval_tasks", ["add_sub", "gsm8k"]),
+        "train.eval_tasks: not in data.tasks: gsm8k",
+        "heldout",
+    ),
 }
 
 

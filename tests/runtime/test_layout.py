@@ -68,7 +68,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 STAGES = ("prepare_data", "base_model", "train", "evaluate", "sparsity", "overlap", "aggregate", "stats",
-          "figures", "report")  # fmt: skip
+          "learning_curves", "figures", "report")  # fmt: skip
 REPO = PACKAGE_DIR.parent
 MAX_LINES = 500
 

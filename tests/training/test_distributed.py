@@ -210,7 +210,7 @@ def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(tmp_path):
     out = workdir / "results" / "train" / "fp32" / "seed1"
     _assert_two_rank_run(out, 4)
     # only rank 0 wrote, and only the declared outputs
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "model", "run.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["heldout.jsonl", "metrics.jsonl", "model", "run.json"]
     assert (out / "model" / "model.safetensors").exists()
     assert not (workdir / "results" / "checkpoints" / "fp32" / "seed1").exists()
     text = log.read_text()
@@ -318,6 +318,9 @@ def test_fsdp_on_two_gloo_processes_shards_policy_and_reference_and_keeps_the_co
     metrics = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in metrics] == [1, 2, 3, 4]
     assert [r["kl_rb"] is not None for r in metrics] == [False, True, False, True]
+    heldout = read_metrics(out / "heldout.jsonl")  # sampled by every rank in lockstep, written by rank 0
+    tasks = list(config["data"]["tasks"])
+    assert [(r["step"], r["task"]) for r in heldout] == [(s, t) for s in (0, 3, 4) for t in tasks]
     saved = load_file(out / "model" / "model.safetensors")  # gathered: whole tensors, not shards
     assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in base_weights.items()}
     assert {v.dtype for v in saved.values()} == {torch.float32}

@@ -37,27 +37,32 @@ CORRECTION = {
 def runs(tmp_path_factory) -> dict:
     base = build_tiny_base(tmp_path_factory.mktemp("vllm_base"), VLLM_TINY)
     out = {}
-    for arm in ("fp32", "bf16"):
+    for arm, curves in (("fp32", True), ("bf16", True), ("fp32", False)):
+        name = arm if curves else f"{arm}-no-curves"
         config = json.loads(json.dumps(base["config"]))
         config["precisions"]["bf16"]["dropout"] = 0.0
         config["train"].update(max_steps=STEPS, checkpoint_every=100, kl_every=100, learning_rate=1e-3,
                                use_vllm=True, vllm=ENGINE, importance_sampling=CORRECTION[arm],
                                dynamic_sampling=True)  # fmt: skip
-        root = base["root"] / arm
+        root = base["root"] / name
         root.mkdir()
         (root / "config.json").write_text(json.dumps(config))
         code = textwrap.dedent(f"""
             import json
-            from workflow_scripts.train import train_run
-            config = json.load(open({str(root / 'config.json')!r}))
-            train_run(config, {arm!r}, 1, {str(base['data_dir'])!r}, {str(base['base_dir'])!r},
-                      {str(root / 'out')!r}, {str(root / 'ckpt')!r}, threads=1)
+            from workflow_scripts import train
+            config = json.load(open({str(root / "config.json")!r}))
+            data, base = {str(base["data_dir"])!r}, {str(base["base_dir"])!r}
+            job = train.job_from_config(config, {arm!r}, 1, data, base, {str(root / "out")!r},
+                                        {str(root / "ckpt")!r})
+            job["heldout"] = job["heldout"] if {curves!r} else None
+            train.run(**job, threads=1)
         """)
         proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                               timeout=600)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-4000:]
-        out[arm] = {
+        out[name] = {
             "run": json.loads((root / "out" / "run.json").read_text()),
+            "heldout": read_metrics(root / "out" / "heldout.jsonl"),
             "metrics": read_metrics(root / "out" / "metrics.jsonl"),
             "weights": load_file(root / "out" / "model" / "model.safetensors"),
             "base": load_file(base["base_dir"] / "model.safetensors"),
@@ -114,3 +119,19 @@ def test_the_importance_sampling_switch_acts_as_configured(runs):
     ratios = [r["vllm_is_ratio_max"] for r in rollout_rows(on["metrics"])]
     assert all(r is not None and r <= CORRECTION["fp32"]["clip_max"] for r in ratios)
     assert all(r.get("vllm_is_ratio_max") is None for r in rollout_rows(off["metrics"]))
+
+
+@pytest.mark.parametrize("arm,dtype", [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_heldout_curve_is_sampled_by_the_colocated_engine_in_the_arms_dtype(runs, arm, dtype):
+    lines = runs[arm]["heldout"]
+    assert sorted({r["step"] for r in lines}) == [0, 3, 6]  # eval_every 3 (the test config) and the last
+    assert {r["backend"] for r in lines} == {"vllm"} and {r["dtype"] for r in lines} == {dtype}
+    assert all(len(r["correct_counts"]) == r["n_problems"] and r["eval_noise_var"] is not None for r in lines)
+
+
+def test_heldout_sampling_through_the_engine_leaves_the_trajectory_unchanged(runs):
+    """Its requests carry their own seeds and run under fork_rng: the rollouts after it are the same."""
+    with_curves, without = runs["fp32"], runs["fp32-no-curves"]
+    assert without["heldout"] == [] and without["run"]["heldout"] is None
+    assert [r["reward"] for r in with_curves["metrics"]] == [r["reward"] for r in without["metrics"]]
+    assert all(torch.equal(with_curves["weights"][k], w) for k, w in without["weights"].items())

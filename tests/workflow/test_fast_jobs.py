@@ -275,17 +275,22 @@ def test_a_finished_workflow_plans_only_the_jobs_a_new_seed_or_a_new_task_needs(
     arms, tasks = len(config["precisions"]), len(config["data"]["tasks"])
     assert {k: jobs.pop(k) for k in ("train", "evaluate", "sparsity", "overlap")} == {
         "train": arms, "evaluate": arms * tasks, "sparsity": arms, "overlap": arms}, jobs  # fmt: skip
-    assert set(jobs) == {"aggregate", "stats", "figures", "report", "all"}, jobs
+    assert set(jobs) == {"aggregate", "stats", "learning_curves", "figures", "report", "all"}, jobs
     original = (wf / "config.yaml").read_text()
     set_key(wf / "config.yaml", "train.learning_rate", 1e-5)  # the records are live: a train change shows
     assert planned_jobs(wf)["train"] == len(config["precisions"]) * len(config["seeds"])
     (wf / "config.yaml").write_text(original)
     config["data"]["tasks"]["chain"] = {"source": "synthetic", "family": "chain", "kind": "integer",
                                         "role": "off_task", "n": 30, "max_new_tokens": 6}  # fmt: skip
+    # a new task is on every run's held-out curve (train.eval_tasks null): training reruns for it
+    make_workflow_dir(wf, config)
+    assert planned_jobs(wf)["train"] == len(config["precisions"]) * len(config["seeds"])
+    # with the curve's tasks pinned to those it was measured on (train.eval_tasks), its final evaluation only
+    config["train"]["eval_tasks"] = ["add_sub", "mul", "mcq"]
     make_workflow_dir(wf, config)
     jobs = planned_jobs(wf)
     runs = 2 + len(config["precisions"]) * len(config["seeds"])  # base, base-bfloat16, the trained runs
     assert jobs.pop("evaluate", 0) == runs, jobs
     # what remains is the new task's data and the analysis downstream of every task
-    assert set(jobs) <= {"prepare_eval", "aggregate", "stats", "figures", "report",
+    assert set(jobs) <= {"prepare_eval", "aggregate", "stats", "learning_curves", "figures", "report",
                          "all"}, jobs  # fmt: skip

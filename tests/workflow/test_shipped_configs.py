@@ -53,6 +53,7 @@ def expected_jobs(config: dict) -> dict[str, int]:
         "overlap": arms,
         "aggregate": 1,
         "stats": 1,
+        "learning_curves": 1,
         "figures": 1,
         "report": 1,
         "all": 1,

@@ -113,6 +113,7 @@ CURVE_COLUMNS = [
     "sampler_gap_outside_clip",
     "loss_scale",
     "step_skipped",
+    "phase",
 ]
 SPARSITY_TABLE_COLUMNS = [  # + "representable_fraction" on scope "representable" rows
     "run",

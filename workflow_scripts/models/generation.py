@@ -36,6 +36,7 @@ teacher-forced exactly as it was sampled.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -356,7 +357,20 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
     return out
 
 
-@torch.inference_mode()
+def _without_grad(fn):
+    """``fn`` under inference mode; in ``lockstep`` (a sharded model) under no_grad instead: FSDP2 makes
+    its all-gather buffers at a model's first forward, and buffers made in inference mode can never be
+    written by training afterwards (a held-out measurement at step 0 runs that first forward)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with torch.no_grad() if _LOCKSTEP else torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return call
+
+
+@_without_grad
 def sample_completions(
     model,
     tokenizer,

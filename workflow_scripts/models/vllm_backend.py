@@ -38,7 +38,8 @@ from workflow_scripts.models.vllm_engine import (
 )
 
 __all__ = [
-    "BackendError", "EvalEngine", "import_vllm", "open_engine", "sample_completions_vllm", "sample_seed",
+    "BackendError", "EvalEngine", "import_vllm", "open_engine", "sample_completions_vllm", "sample_llm",
+    "sample_seed",
 ]  # fmt: skip
 
 
@@ -71,7 +72,6 @@ class EvalEngine:
                 generation_config="vllm",
                 **engine_kwargs(settings, "eval.vllm"),
             )
-        self._vllm = vllm
         self.tokenizer = tokenizer
         self.stop_ids = list(stop_ids)
         self.record = engine_record(self._llm) | {"start_s": round(time.perf_counter() - started, 3)}
@@ -95,28 +95,36 @@ class EvalEngine:
         """``n_samples`` completions per prompt, prompt-major, and the seconds sampling took."""
         if self._llm is None:
             raise BackendError("the evaluation engine was already shut down")
-        vllm, tokenizer = self._vllm, self.tokenizer
-        prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        greedy = temperature <= 0
-        per_request = 1 if greedy else n_samples
-        params = [
-            vllm.SamplingParams(
-                n=per_request,
-                temperature=0.0 if greedy else temperature,
-                top_p=1.0 if greedy else top_p,
-                max_tokens=max_new_tokens,
-                seed=sample_seed(seed, i, n_samples),
-                stop_token_ids=self.stop_ids,
-                repetition_penalty=1.0,
-            )
-            for i in range(len(prompts))
-        ]
-        started = time.perf_counter()
-        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
-        outputs = self._llm.generate(requests, params, use_tqdm=False)
-        seconds = time.perf_counter() - started
-        completions = _completions(outputs, tokenizer, self.stop_ids, n_samples, per_request, max_new_tokens)
-        return completions, seconds
+        return sample_llm(self._llm, self.tokenizer, self.stop_ids, prompts, n_samples, temperature, top_p,
+                          max_new_tokens, seed)  # fmt: skip
+
+
+def sample_llm(llm, tokenizer, stop_ids: list[int], prompts: list[str], n_samples: int, temperature: float,
+               top_p: float, max_new_tokens: int, seed: int) -> tuple[list[Completion], float]:  # fmt: skip
+    """``n_samples`` completions per prompt from an open ``vllm.LLM`` (this module's evaluation engine, or
+    the trainer's colocated rollout engine for the held-out curves), prompt-major, and the seconds it took."""
+    from vllm import SamplingParams
+
+    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    greedy = temperature <= 0
+    per_request = 1 if greedy else n_samples
+    params = [
+        SamplingParams(
+            n=per_request,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens,
+            seed=sample_seed(seed, i, n_samples),
+            stop_token_ids=list(stop_ids),
+            repetition_penalty=1.0,
+        )
+        for i in range(len(prompts))
+    ]
+    started = time.perf_counter()
+    requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    return _completions(outputs, tokenizer, list(stop_ids), n_samples, per_request, max_new_tokens), seconds
 
 
 def _completions(outputs, tokenizer, stop_ids: list[int], n_samples: int, per_request: int,

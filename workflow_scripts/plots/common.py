@@ -32,7 +32,7 @@ ROLE_LABEL = {"on_task": "on-task", "off_task": "off-task"}
 @dataclass
 class FigureData:
     """What the figures read: the aggregate tables (each (arm, seed) once: ``seeds_only``), stats.json
-    content and the precision order."""
+    content, the precision order and the held-out curves (learning_curves' heldout_curves.parquet)."""
 
     metrics: pd.DataFrame
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -40,14 +40,16 @@ class FigureData:
     stats: Mapping[str, Any] = field(default_factory=dict)
     precisions: Sequence[str] = ()
     overlap: pd.DataFrame = field(default_factory=pd.DataFrame)
+    heldout: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def __post_init__(self) -> None:
-        self.metrics, self.curves, self.sparsity = map(seeds_only, (self.metrics, self.curves, self.sparsity))
+        tables = (self.metrics, self.curves, self.sparsity, self.heldout)
+        self.metrics, self.curves, self.sparsity, self.heldout = map(seeds_only, tables)
 
     def arms(self) -> list[str]:
         """Precision order: configured first (reference first), then any other present in the data."""
         present: list[str] = []
-        for frame in (self.metrics, self.curves, self.sparsity):
+        for frame in (self.metrics, self.curves, self.sparsity, self.heldout):
             if "precision" in frame.columns:
                 present += [p for p in frame["precision"].dropna().astype(str).unique() if p not in present]
         return [p for p in self.precisions if p in present] + [p for p in present if p not in self.precisions]

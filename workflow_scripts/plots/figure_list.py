@@ -19,6 +19,8 @@ FIGURES: dict[str, str] = {
     "sparsity_vs_eta": "Update sparsity",
     "overlap": "Update sparsity",
     "training_curves": "Training",
+    "heldout_curves": "Learning curves",
+    "heldout_variance": "Learning curves",
 }
 REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
 

@@ -37,6 +37,7 @@ from workflow_scripts.runtime.config_files import (
     merge,
     resolve_config,
 )
+from workflow_scripts.training import curriculum, heldout_spec
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = "config.yaml"
@@ -395,6 +396,8 @@ RULES: dict[str, Callable[..., Iterator[Problem]]] = {
     "model": lambda c, files: model_problems(c, files),
     "eval_matmul": lambda c, _: eval_matmul.problems(c),
     "memory": lambda c, _: memory_plan.problems(c),
+    "curriculum": lambda c, _: curriculum.problems(c),
+    "heldout": lambda c, _: heldout_spec.problems(c),
 }
 
 

@@ -80,7 +80,7 @@ STAGES = ("evaluate", "train", "sparsity", "overlap", "base_model")
 # thread (a server with BLAS threads refuses to serve), so only their one-thread jobs (the default) fork.
 # They use a listening server but never start one: prepare_data's jobs come first, and a server importing
 # beside the warm start (which spins on every core) would slow it down.
-ONE_THREAD_STAGES = ("prepare_data", "aggregate", "stats", "figures", "report")
+ONE_THREAD_STAGES = ("prepare_data", "aggregate", "stats", "learning_curves", "figures", "report")
 # Per-job or bookkeeping variables: not part of the key (the child gets the client's own values).
 VOLATILE_ENV = frozenset({
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",

@@ -163,6 +163,15 @@ def eval_data(task: str, results: str | os.PathLike = RESULTS) -> Path:
     return data_dir(results) / "eval" / f"{task}.jsonl"
 
 
+def curriculum_file(data: str | os.PathLike, phase: int) -> Path:
+    """Phase ``phase``'s training prompts (``train.curriculum``) in the data folder ``data``."""
+    return Path(data) / "curriculum" / f"phase{phase}.jsonl"
+
+
+def curriculum_data(phase: int, results: str | os.PathLike = RESULTS) -> Path:
+    return curriculum_file(data_dir(results), phase)
+
+
 def base_model_dir(results: str | os.PathLike = RESULTS) -> Path:
     """The base model folder, saved in model.dtype; base-<dtype> runs load it in <dtype>."""
     return _r(results) / "models" / BASE

@@ -13,6 +13,8 @@ evaluation prompt, whatever tasks a config lists, and adding an evaluation task 
 | family  | example prompt                                   | shift from add_sub            | kind    |
 |---------|--------------------------------------------------|-------------------------------|---------|
 | add_sub | ``47+12=``                                        | (on-task: operands 0-99)      | integer |
+| add_sub_small | ``7+12=``                                   | easier: operands 0-19 (a      | integer |
+|         |                                                  | curriculum's first phase)     |         |
 | mul     | ``7*13=``                                         | operator not trained by RL    | integer |
 | chain   | ``3+7-5=``                                        | multi-step (three operands)   | integer |
 | long    | ``347+5=``                                        | longer (3-digit) operand      | integer |
@@ -40,6 +42,10 @@ def _plus_minus(rng: random.Random, a_range: tuple[int, int], b_range: tuple[int
 
 def _add_sub(rng: random.Random) -> Problem:
     return _plus_minus(rng, (0, 99), (0, 99))
+
+
+def _add_sub_small(rng: random.Random) -> Problem:
+    return _plus_minus(rng, (0, 19), (0, 19))
 
 
 def _mul(rng: random.Random) -> Problem:
@@ -85,6 +91,7 @@ def _word(rng: random.Random) -> Problem:
 
 FAMILIES: dict[str, tuple[Callable[[random.Random], Problem], str]] = {
     "add_sub": (_add_sub, "integer"),
+    "add_sub_small": (_add_sub_small, "integer"),
     "mul": (_mul, "integer"),
     "chain": (_chain, "integer"),
     "long": (_long, "integer"),

@@ -14,7 +14,11 @@
 | ``_calculate_rewards``  | -                                    | keeps the round's rewards (for the     |
 |                         |                                      | group-spread test)                     |
 | ``_get_train_sampler``  | RepeatSampler: a new permutation per | ``EpochRepeatSampler``: epoch e's      |
-|                         | ``__iter__``                         | order from e alone (exact resume)      |
+|                         | ``__iter__``                         | order from e alone (exact resume);     |
+|                         |                                      | with ``train.curriculum``:             |
+|                         |                                      | ``CurriculumSampler``, each round from |
+|                         |                                      | its phase's rows (dynamic sampling's   |
+|                         |                                      | refills too)                           |
 | ``_compute_loss`` (via  | -                                    | measures the sampler-trainer gap at    |
 | ``sampler_gap``)        |                                      | each round's first step (metrics.jsonl)|
 | ``__init__`` with       | builds the colocated vLLM engine     | the engine gets the arm's rollout      |
@@ -254,16 +258,64 @@ def sync_weights_cpu(generation) -> None:
     generation.llm.reset_prefix_cache()
 
 
+class CurriculumSampler(torch.utils.data.Sampler):
+    """TRL's RepeatSampler layout (a round's prompt chunk repeated ``repeat_count`` times, each prompt
+    ``mini_repeat_count`` times) with round r's chunk drawn from the rows of its phase ``rounds[r]``
+    (``ranges[p]`` = that phase's (start, stop) in the concatenated dataset). Each phase walks its own
+    seeded permutations (a new one when its rows run out), so the order is a function of the seed alone
+    (exact resume) and a phase's draws do not depend on how long the other phases are."""
+
+    def __init__(self, rounds: list[int], ranges: list[tuple[int, int]], mini_repeat_count: int,
+                 batch_size: int, repeat_count: int, seed: int) -> None:  # fmt: skip
+        self.rounds, self.ranges = list(rounds), list(ranges)
+        self.mini_repeat_count, self.batch_size, self.repeat_count = (
+            mini_repeat_count,
+            batch_size,
+            repeat_count,
+        )
+        self.seed = int(seed)
+
+    def chunks(self) -> list[list[int]]:
+        """Every round's prompt indices."""
+        streams: dict[int, list[int]] = {}
+        generators = {}
+        out = []
+        for phase in self.rounds:
+            start, stop = self.ranges[phase]
+            stream = streams.setdefault(phase, [])
+            gen = generators.setdefault(phase, torch.Generator().manual_seed(self.seed * 1_000 + phase))
+            while len(stream) < self.batch_size:
+                stream.extend((start + torch.randperm(stop - start, generator=gen)).tolist())
+            out.append(stream[: self.batch_size])
+            del stream[: self.batch_size]
+        return out
+
+    def __iter__(self):
+        for chunk in self.chunks():
+            for _ in range(self.repeat_count):
+                for index in chunk:
+                    yield from [index] * self.mini_repeat_count
+
+    def __len__(self) -> int:
+        return len(self.rounds) * self.batch_size * self.mini_repeat_count * self.repeat_count
+
+    def set_epoch(self, epoch: int) -> None:  # one epoch covers the run: nothing to rewind
+        return None
+
+
 def make_trainer_class(
     dynamic_sampling: bool = False,
     max_rounds: int = 0,
     vllm_dtype: str | None = None,
     vllm_settings: dict | None = None,
+    curriculum: dict | None = None,
 ):
     """GRPOTrainer with the overrides of the module docstring (TRL is imported only here).
 
     ``vllm_dtype``: the colocated vLLM engine's dtype (the arm's ``rollout_dtype``; None: no vLLM);
-    ``vllm_settings``: its ``train.vllm`` block (None: TRL's engine arguments but dtype and seed)."""
+    ``vllm_settings``: its ``train.vllm`` block (None: TRL's engine arguments but dtype and seed);
+    ``curriculum``: {rounds: the phase of every generation round, ranges: each phase's rows (start, stop)
+    in the training dataset, steps_per_round} (None: one training set)."""
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
@@ -299,6 +351,9 @@ def make_trainer_class(
 
         def _get_train_sampler(self, dataset=None):
             base = super()._get_train_sampler(dataset)
+            if curriculum is not None:
+                return CurriculumSampler(curriculum["rounds"], curriculum["ranges"], base.mini_repeat_count,
+                                         base.batch_size, base.repeat_count, base.seed)  # fmt: skip
             return EpochRepeatSampler(
                 data_source=base.data_source,
                 mini_repeat_count=base.mini_repeat_count,
@@ -319,6 +374,10 @@ def make_trainer_class(
             # wrapper is skipped on that path) and TRL generates outside any autocast, so an autocast
             # arm's rollouts would compute in fp32 (the precision contract caught it on 2 gloo ranks)
             fsdp_autocast = self.accelerator.autocast() if self.is_fsdp_enabled else contextlib.nullcontext()
+            if curriculum is not None:  # the phase the rows really came from (metrics.jsonl phase_drawn)
+                self._metrics["train"]["curriculum/phase"].append(
+                    sum(r["phase"] for r in inputs) / len(inputs)
+                )
             with sampling_mode(self.model), fsdp_autocast:
                 output = super()._generate_and_score_completions(inputs)
             # TRL gathers the rewards of every process (groups are normalised globally)
@@ -348,11 +407,15 @@ def make_trainer_class(
 
         def _refill_inputs(self, groups: int, refill: int) -> list[dict]:
             dataset = self.train_dataset
+            start, stop = 0, len(dataset)
+            if curriculum is not None:  # the phase of the round being drawn
+                round_index = int(self.state.global_step) // curriculum["steps_per_round"]
+                start, stop = curriculum["ranges"][curriculum["rounds"][round_index]]
             seed = (int(self.args.seed) * 1_000_003 + int(self.state.global_step)) * 1_009 + refill
             generator = torch.Generator().manual_seed(seed * 131 + self.accelerator.process_index)
-            order = torch.randperm(len(dataset), generator=generator)
+            order = start + torch.randperm(stop - start, generator=generator)
             if groups > len(order):
-                extra = torch.randint(len(dataset), (groups - len(order),), generator=generator)
+                extra = start + torch.randint(stop - start, (groups - len(order),), generator=generator)
                 order = torch.cat([order, extra])
             rows = [dataset[int(i)] for i in order[:groups]]
             return [row for row in rows for _ in range(self.num_generations)]

@@ -23,6 +23,7 @@ from workflow_scripts.training.metrics_log import (
     KL_KEYS,
     METRIC_KEYS,
     OVERLONG_NAME,
+    PHASE_DRAWN_KEY,
     ROLLOUT_KEYS,
     SCALER_KEYS,
     VLLM_KEYS,
@@ -65,6 +66,8 @@ class MetricsLogger(TrainerCallback):
         previous: list[dict] | None = None,
         on_row: Callable[[dict], None] | None = None,
         sharded: bool = False,
+        phase_of: Callable[[int], int | None] | None = None,
+        phase_names: list[str] | None = None,
     ) -> None:
         self.path = Path(path)
         self.max_steps = max_steps
@@ -74,6 +77,7 @@ class MetricsLogger(TrainerCallback):
         self.max_new_tokens = max_new_tokens
         self.on_row = on_row
         self.sharded = sharded  # FSDP: every rank measures KL, in lockstep with rank 0 (KLPartner)
+        self.phase_of, self.phase_names = phase_of, phase_names or []  # train.curriculum (curriculum)
         previous = previous or []
         self.carry = (
             {k: previous[-1].get(k) for k in ROLLOUT_KEYS} if previous else dict.fromkeys(ROLLOUT_KEYS)
@@ -136,6 +140,9 @@ class MetricsLogger(TrainerCallback):
         for key, trl_key in METRIC_KEYS.items():
             row[key] = logs.get(trl_key)
         row.update(scaler_state(optimizer))
+        phase = self.phase_of(step) if self.phase_of else None
+        row["phase"] = phase
+        row["phase_name"] = None if phase is None else self.phase_names[phase]
         fresh = "reward" in logs
         row["generation_step"] = fresh
         if fresh:
@@ -154,7 +161,7 @@ class MetricsLogger(TrainerCallback):
                 if value is not None:
                     value = bool(value) if key == "dynamic_cap_hit" else int(value)
                 self.carry[key] = value
-            for key, log_key in {**GAP_KEYS, **VLLM_KEYS}.items():
+            for key, log_key in {**GAP_KEYS, **VLLM_KEYS, "phase_drawn": PHASE_DRAWN_KEY}.items():
                 self.carry[key] = logs.get(log_key)
         row.update(self.carry)
         row.update(dict.fromkeys(KL_KEYS))

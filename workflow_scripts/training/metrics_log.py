@@ -28,6 +28,11 @@ One line per optimizer step ``step`` (1..max_steps), every key on every line:
 - ``SCALER_KEYS`` per step, when the optimizer has a loss scaler (fp16 autocast on CUDA: accelerate's
   GradScaler): ``loss_scale`` (the scale after the step's update) and ``step_skipped`` (the scaler
   found inf/NaN gradients and skipped the optimizer step; the scale drops); null without a scaler.
+- ``phase`` (the ``train.curriculum`` phase the schedule assigns the step, 0-based) and ``phase_name``
+  (its family, or its source); ``phase_drawn`` (a rollout key): the phase of the prompts the round's
+  rollouts were really drawn from (the mean over its rows, refills included: a round never mixes
+  phases, so it is an integer), what the sampler did rather than what it was told. Null without a
+  curriculum.
 - ``KL_KEYS`` every ``kl_every`` steps and at the last step: KL(pi_theta || pi_0) to the base model
   estimated by ``kl.estimate_kl`` (TRL logs none with beta 0); null on other lines. The measurement
   runs under ``torch.random.fork_rng`` in eval mode, so it never changes the training trajectory.
@@ -84,9 +89,11 @@ ROLLOUT_KEYS = (  # computed only when TRL generates: carried forward on the oth
     "completion_length",
     "truncation_rate",
     *DYNAMIC_KEYS,
+    "phase_drawn",
     *GAP_KEYS,
     *VLLM_KEYS,
 )
+PHASE_DRAWN_KEY = "curriculum/phase"  # log key written by grpo_trainer once per round (train.curriculum)
 SCALER_KEYS = ("loss_scale", "step_skipped")  # per step, from the optimizer's GradScaler (fp16); else null
 KL_KEYS = ("kl_k1", "kl_k1_se", "kl_k3", "kl_k3_se", "kl_rb", "kl_rb_se")
 OVERLONG_NAME = "soft_overlong_punishment_reward"

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -365,9 +365,21 @@ class AutocastProbe:
         if not linears:
             raise PrecisionError("AutocastProbe: the model has no linear layer to observe")
         self.layer_name, layer = linears[-1]
+        self._paused = False
         self._handle = layer.register_forward_hook(self._hook)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Forwards inside are not the run's (the held-out curve's sampling): not recorded."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
     def _hook(self, module, args, output) -> None:
+        if self._paused:
+            return
         training = torch.is_grad_enabled()
         if (self.record if training else self.sampling) is not None:
             return
