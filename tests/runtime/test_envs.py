@@ -1,4 +1,5 @@
-"""envs/*.yaml match pyproject.toml's pins, and every rule declares conda:, log: and benchmark:."""
+"""envs/*.yaml match pyproject.toml's pins and hold what their stages need (train.yaml: the GPU configs'
+vllm too), and every rule declares conda:, log: and benchmark:."""
 
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ def test_env_pins_match_pyproject(env):
     requires_python = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
     problems = []
     for kind, entry in env_entries(env):
-        if kind == "pip" and entry.startswith("-"):
-            # a local install of this project (-e ..): its own dependencies are the pyproject pins
-            assert entry.split()[-1] in ("..", "."), f"{env.name}: unexpected pip option {entry!r}"
+        if kind == "pip" and (entry.startswith("-") or "/" in entry or entry.startswith(".")):
+            # e.g. `-e ..`: Snakemake copies the env file to .snakemake/conda/<hash>.yaml and conda runs
+            # pip in that folder, so a relative path names .snakemake/, not the project
+            problems.append(f"{entry!r} ({kind}): a pip option or local path")
             continue
         name, op, version = parse_requirement(entry)
         if kind == "conda" and name in TOOLING:
@@ -92,10 +94,44 @@ def test_env_pins_match_pyproject(env):
 
 def test_pin_check_catches_drift_and_unpinned_entries(tmp_path, monkeypatch):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("dependencies:\n  - python=3.11\n  - pip\n  - pip:\n      - torch==2.0.0\n      - numpy\n")
+    bad.write_text(
+        "dependencies:\n  - python=3.11\n  - pip\n  - pip:\n"
+        "      - torch==2.0.0\n      - numpy\n      - -e ..\n"
+    )
     with pytest.raises(AssertionError) as err:
         test_env_pins_match_pyproject(bad)
     assert "torch==2.0.0" in str(err.value) and "'numpy' (pip): not pinned" in str(err.value)
+    assert "'-e ..' (pip): a pip option or local path" in str(err.value)
+
+
+def pyproject_sections() -> tuple[list[str], dict[str, list[str]]]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return list(project["dependencies"]), project.get("optional-dependencies", {})
+
+
+def makefile_extras(name: str) -> list[str]:
+    """The extras a Makefile variable (GPU_EXTRAS = what `make setup-gpu` installs) lists."""
+    match = re.search(rf"^{name}\s*:?=\s*(\S+)\s*$", (REPO / "Makefile").read_text(), flags=re.M)
+    assert match, f"Makefile: no {name}"
+    return match.group(1).split(",")
+
+
+@pytest.mark.parametrize("env", ENV_FILES, ids=lambda p: p.name)
+def test_env_holds_the_core_pins_within_an_install_that_install_check_resolves(env):
+    """Every env has all of pyproject's core dependencies (the stages import the project's code, which needs
+    them) and nothing outside `make setup-gpu`'s set, which `make install-check` resolves; train.yaml (train,
+    evaluate, base_model) also has the `gpu` extra, the vLLM the GPU configs use."""
+    core, extras = pyproject_sections()
+    pip = {entry for kind, entry in env_entries(env) if kind == "pip"}
+    assert pip >= set(core), f"envs/{env.name} lacks {sorted(set(core) - pip)}"
+    resolved = set(core).union(*(extras[extra] for extra in makefile_extras("GPU_EXTRAS")))
+    assert pip <= resolved, f"envs/{env.name}: {sorted(pip - resolved)} outside make setup-gpu's install"
+    if env.name == "train.yaml":
+        assert pip >= set(extras["gpu"]), "envs/train.yaml lacks the gpu extra (vllm) the GPU configs need"
+
+
+def test_gpu_install_has_the_gpu_extra():
+    assert {"gpu", "slurm", "tracking"} <= set(makefile_extras("GPU_EXTRAS"))
 
 
 def rule_blocks(path: Path) -> dict[str, str]:

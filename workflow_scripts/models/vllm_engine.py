@@ -9,6 +9,8 @@ and the colocated rollout engine TRL builds (``grpo_trainer.vllm_engine_args``):
 | kv_cache_gb                      | kv_cache_memory_bytes  | required on the CPU build              |
 | max_model_len                    | max_model_len          | null: the model's positions            |
 | enforce_eager                    | enforce_eager          | no compile / CUDA graphs               |
+| max_num_seqs                     | max_num_seqs           | null: TRL's / vLLM's default           |
+| max_num_batched_tokens           | max_num_batched_tokens | null: TRL's 4096 / vLLM's default      |
 
 What vLLM does beside the engine, and what is done about it here:
 
@@ -72,6 +74,9 @@ def engine_kwargs(settings: Mapping, key: str) -> dict:
         kwargs["kv_cache_memory_bytes"] = int(float(kv_gb) * GiB)
     if settings.get("max_model_len") is not None:
         kwargs["max_model_len"] = int(settings["max_model_len"])
+    for name in ("max_num_seqs", "max_num_batched_tokens"):  # null: TRL's (colocated) or vLLM's default
+        if settings.get(name) is not None:
+            kwargs[name] = int(settings[name])
     return kwargs
 
 

@@ -335,6 +335,19 @@ def vllm_problems(config: Mapping) -> Iterator[Problem]:
             "the evaluation engine runs alone and is shut down after sampling; sleep mode is for the "
             "colocated rollout engine (train.vllm.sleep_mode)",
         )
+    if config["eval"]["vllm"].get("tensor_parallel_size", 1) != 1:
+        yield (
+            "eval.vllm.tensor_parallel_size",
+            "the evaluation engine runs on one GPU (resources.evaluate); tensor parallelism is for the "
+            "colocated rollout engine (train.vllm.tensor_parallel_size)",
+        )
+    if config["train"]["use_vllm"]:
+        yield from tensor_parallel_problems(config)
+    for block in ("train.vllm", "eval.vllm"):
+        engine = config[block.split(".")[0]]["vllm"]
+        seqs, tokens = engine.get("max_num_seqs"), engine.get("max_num_batched_tokens")
+        if seqs and tokens and tokens < seqs:
+            yield f"{block}.max_num_batched_tokens", f"must be at least max_num_seqs ({seqs}) (vLLM's rule)"
     users = [key for key, on in (("train.use_vllm", config["train"]["use_vllm"]),
                                  ("eval.backend", config["eval"]["backend"] == "vllm")) if on]  # fmt: skip
     for name, mode in config["precisions"].items():
@@ -346,6 +359,30 @@ def vllm_problems(config: Mapping) -> Iterator[Problem]:
                 f"({compute} for this arm): its {head} LM head would be sampled in {compute}. Sample this "
                 "arm with the HF path (train.use_vllm: false, eval.backend: hf) or drop lm_head_dtype",
             )
+
+
+def tensor_parallel_problems(config: Mapping) -> Iterator[Problem]:
+    """TRL splits the train job's processes into engine groups of train.vllm.tensor_parallel_size; vLLM
+    splits the attention heads over a group (key-value heads too, or replicates them below one each)."""
+    from workflow_scripts.runtime.memory_plan import model_dims
+    from workflow_scripts.runtime.resources import train_processes
+
+    tp = config["train"]["vllm"].get("tensor_parallel_size", 1)
+    if tp == 1:
+        return
+    processes = train_processes(config)
+    if processes % tp:
+        yield (
+            "train.vllm.tensor_parallel_size",
+            f"{tp} must divide the train job's {processes} processes (TRL forms engine groups of it)",
+        )
+    dims = model_dims(config["model"])
+    if dims and (dims.heads % tp or (dims.kv_heads % tp and tp % dims.kv_heads)):
+        yield (
+            "train.vllm.tensor_parallel_size",
+            f"{tp} must divide the model's {dims.heads} attention heads, and its {dims.kv_heads} key-value "
+            "heads must divide or be divided by it (vLLM's rule)",
+        )
 
 
 def name_problems(config: Mapping) -> Iterator[Problem]:

@@ -26,8 +26,10 @@
 | checkpoint_every            | save_steps, rounded up to whole generation rounds (see below);              |
 |                             | save_strategy steps, save_total_limit 1, output_dir = the checkpoint folder |
 | use_vllm                    | use_vllm, vllm_mode colocate (vllm is imported only then: gate_vllm)        |
-| vllm.gpu_memory_utilization,| vllm_gpu_memory_utilization, vllm_max_model_length, vllm_enable_sleep_mode  |
-| max_model_len, sleep_mode   | (kv_cache_gb and enforce_eager reach the engine: vllm_engine_args)          |
+| vllm.gpu_memory_utilization,| vllm_gpu_memory_utilization, vllm_max_model_length, vllm_enable_sleep_mode, |
+| max_model_len, sleep_mode,  | vllm_tensor_parallel_size (kv_cache_gb, enforce_eager, max_num_seqs and     |
+| tensor_parallel_size        | max_num_batched_tokens reach the engine: vllm_engine_args; GRPOConfig has   |
+|                             | no field for the last two). min_concurrent_seqs: the memory plan's only     |
 | importance_sampling.        | vllm_importance_sampling_correction, _mode, _clip_min, _clip_max (TRL      |
 | correction, mode, clip_min, | acts on them only with use_vllm; defaults and reasons: the schema)         |
 | clip_max                    |                                                                             |
@@ -205,6 +207,7 @@ def grpo_config(
         vllm_gpu_memory_utilization=float(train_cfg["vllm"]["gpu_memory_utilization"]),
         vllm_max_model_length=train_cfg["vllm"]["max_model_len"],
         vllm_enable_sleep_mode=bool(train_cfg["vllm"].get("sleep_mode", False)),  # schema default: false
+        vllm_tensor_parallel_size=int(train_cfg["vllm"].get("tensor_parallel_size", 1)),  # schema default: 1
         **importance_sampling_args(train_cfg),
         activation_checkpointing=bool(train_cfg["activation_checkpointing"]),  # TRL's default is ON
         save_strategy="steps",

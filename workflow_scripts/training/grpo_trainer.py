@@ -235,6 +235,38 @@ def vllm_engine_args(
         vllm_generation.LLM = original
 
 
+def check_chunked_logprob_head(trainer) -> None:
+    """Stop a run whose TRL log-prob path would build the full [tokens, vocabulary] logits.
+
+    The memory plan (``runtime.memory_plan``, ``logprob_head``) counts TRL 1.16's chunked head: the
+    trainer patches the model's forward (``add_fused_lm_head``) and ``_get_per_token_logps_and_entropies``
+    calls it with ``fused_lm_head=True``, so logits exist one [4096, 32768] tile at a time. A TRL whose
+    path computes full logits would hold ~3 fp32 copies of them in backward (one-node fp32: ~90 GiB), out
+    of memory hours into a queue; this finds out at train start, on CPU as on GPU."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    forward = getattr(model.forward, "__func__", model.forward)
+    code = getattr(forward, "__code__", None)
+    patched = (
+        code is not None and "fused_lm_head" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    )
+    try:
+        calls = "fused_lm_head=True" in inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    except (OSError, TypeError, AttributeError):
+        calls = False
+    if not (patched and calls):
+        raise RuntimeError(
+            "TRL's per-token log-prob path here would build full logits (GRPOTrainer."
+            "_get_per_token_logps_and_entropies does not call a forward patched by add_fused_lm_head with "
+            f"fused_lm_head=True; patched forward: {patched}, fused call: {calls}). The memory plan "
+            "(workflow_scripts/runtime/memory_plan.py, logprob_head) assumes TRL 1.16's chunked head; "
+            "install trl 1.16 (pyproject.toml) or count full logits in the plan before running"
+        )
+
+
 def outside_emulation(method):
     """``method`` run with ``bf16_matmul.suspended``: vLLM's calls never enter the emulated bf16 path."""
     from workflow_scripts.training.bf16_matmul import suspended
@@ -341,6 +373,7 @@ def make_trainer_class(
             with vllm_engine_args(vllm_dtype, run_seed, settings) as engine_args:
                 super().__init__(*args, **kwargs)
             self.vllm_engine_args = engine_args  # what the colocated engine was built with (run.json)
+            check_chunked_logprob_head(self)  # the memory plan's log-prob head, before any step
             if getattr(self, "use_vllm", False):
                 generation = self.vllm_generation
                 if engine_args.get("platform") == "cpu":
