@@ -90,7 +90,8 @@ def test_report_states_gate_verdicts_power_and_figures(data, tmp_path):
     for h in ("H1", "H2", "H3"):
         v = data.stats["verdicts"][h]
         assert f"### {h}: {v['verdict']}" in text and f"- Why: {v['reason']}" in text
-        assert f"| {h} | bf16 vs fp32 | **{v['by_arm']['bf16']['verdict']}** |" in text
+        b = v["by_arm"]["bf16"]
+        assert f"| {h} | bf16 vs fp32 | **{b['finding']}** ({b['verdict']}) |" in text
     assert "## Seed-variance components (mixed model)" in text
     assert "| on_task (add_sub) | bf16 | 3 |" in text
     assert "representable update (step 0)" in text and "changed (η=1e-04)" in text
@@ -179,8 +180,9 @@ def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(d
     from workflow_scripts.statistics import simulation
 
     arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy")
-    _, task_var = simulation.structure("task", 9.0, 4e-4, 1e-4, arm="fp32_noisy")
-    kl_seed_var = {("fp32_noisy", "off_task"): 9 * (simulation.KL_SEED_VAR + simulation.KL_TASK_VAR)}
+    # 36x: a control is judged as one more arm of the Holm family (here bf16 and itself), at 100 permutations
+    _, task_var = simulation.structure("task", 36.0, 4e-4, 1e-4, arm="fp32_noisy")
+    kl_seed_var = {("fp32_noisy", "off_task"): 36 * (simulation.KL_SEED_VAR + simulation.KL_TASK_VAR)}
     table = simulation.simulate_table(np.random.default_rng(61), n_seeds=8, arms=arms, task_var=task_var,
                                       kl_seed_var=kl_seed_var)  # fmt: skip
     specs = {
@@ -357,6 +359,13 @@ def test_full_workflow_writes_the_analysis_and_an_html_report(finished_workflow)
         assert_png(analysis / "figures" / f"{name}.png")
     text = (analysis / "report.md").read_text()
     assert all(f"### {h}: " in text for h in ("H1", "H2", "H3"))
+    # the first screen: what each arm is, then what the run says, before any rule or table of ratios
+    first = text[: text.index("## Gate")]
+    assert first.index("## Arms") < first.index("## What this run says")
+    row = "| **bf16** | bundle | bf16 round-to-nearest | bf16 | bf16, eval mode | 0.1 (loss forward only) |"
+    assert row in first
+    assert "Arms, each against the reference fp32" in first and "dropout 0.1" in first
+    assert result["arms"]["bf16"]["kind"] == "bundle" and result["schema_version"] == 5
     for rule in ("aggregate", "stats", "learning_curves", "figures", "report"):
         assert (wf / "logs" / rule / f"{rule}.log").exists()
         assert (wf / "benchmarks" / rule / f"{rule}.tsv").exists()

@@ -429,10 +429,12 @@ def test_twelve_seeds_shrink_the_mde_of_a_shared_seed_effect():
 
 def test_controls_are_judged_apart_negative_not_different_positive_detected():
     """A negative control (the reference under another name) must not be called different; a positive one
-    (12x seed x task variance of dJ and 12x the seed variance of KL) must be detected on both, and one that
-    moves dJ only fails on KL; none enters the H1-H3 verdicts."""
+    (24x seed x task variance of dJ and 24x the seed variance of KL) must be detected on both, and one that
+    moves dJ only fails on KL; none enters the H1-H3 verdicts. Each control is judged as one more arm
+    of the H2/H3 family (Holm over bf16 and the control: p < alpha/2 for the first), so the planted
+    effect is twice the calibration's detection ratio."""
     arms = ("fp32", "bf16", "fp32_copy", "fp32_noisy", "fp32_dud", "fp32_dj_only")
-    r = DETECT_RATIO
+    r = 2 * DETECT_RATIO
     _, task_var = simulation.structure("task", r, BASE_VAR, simulation.TASK_VAR, arm="fp32_noisy")
     task_var[("fp32_dj_only", "off_task")] = task_var[("fp32_noisy", "off_task")]
     kl_seed_var = {("fp32_noisy", "off_task"): r * (simulation.KL_SEED_VAR + simulation.KL_TASK_VAR)}

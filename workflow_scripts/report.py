@@ -1,15 +1,17 @@
 """The report stage: report.md, the verdicts in words a reader can check against their tables.
 
-Order: the design in one paragraph; the training-worked gate (passed or not, with its numbers, and what
-it means for the verdicts); the verdict table (each verdict with the numbers it rests on and its power
-or minimal detectable ratio, MDE) and a warning where a verdict rests on an eval-noise share above 1/2;
-one paragraph per hypothesis; the controls (when the config has control arms: did each come out as it
-must); excluded (diverged) runs and how the verdicts treat them; the seed-variance components (whole,
-shared, seed x task) and the eval-noise shares; key numbers (classical tests); the numerical noise
-floor (when the config has ``repeats``: repeat variance beside seed variance); the learning curves (from
-learning_curves.json: the first step at which each arm's held-out curves part from the reference's); training,
-representable-update fraction and sparsity per precision; cross-seed overlap of the update masks; the
-figures (``figure_list``: name and the first sentence of its caption); warnings.
+Order: the design in one paragraph; the arm table (what each arm stores, computes and samples in) and
+"What this run says" (sentences generated from stats.json, ``statistics.summary``); the training-worked
+gate (passed or not, with its numbers, and what it means for the verdicts); the verdict table (each
+verdict with the numbers it rests on and its power or minimal detectable ratio, MDE) and a warning where
+a verdict rests on an eval-noise share above 1/2; one paragraph per hypothesis; the decomposition of the
+mean effects into factors; the controls (when the config has control arms: did each come out as it must);
+excluded (diverged) runs and how the verdicts treat them; the seed-variance components (whole, shared,
+seed x task) and the eval-noise shares; key numbers (classical tests); the numerical noise floor (when
+the config has ``repeats``: repeat variance beside seed variance); the learning curves (from
+learning_curves.json: the first step at which each arm's held-out curves part from the reference's);
+training, representable-update fraction and sparsity per precision; cross-seed overlap of the update
+masks; the figures (``figure_list``: name and the first sentence of its caption); warnings.
 
 It only formats what ``stats.analyze`` decided (stats.json), so the report and stats.json cannot
 disagree. Repeats (runs ``<arm>-s<seed>-r<k>``) are not seeds: every seed-level table reads the metrics
@@ -49,6 +51,13 @@ from workflow_scripts.statistics.report_tables import (
     sampler_gap_section,
     table,
     training_section,
+)
+from workflow_scripts.statistics.summary import (
+    arms_section,
+    decomposition_section,
+    drift_cell,
+    summary_section,
+    twin_cell,
 )
 from workflow_scripts.tasks.rows import read_json, read_parquet
 
@@ -135,6 +144,10 @@ def noise_warnings(stats: Mapping) -> list[str]:
     return out
 
 
+VERDICT_HEADER = ["", "comparison", "finding (verdict)", "ratio [95% CI]", "p", "at matched drift",
+                  "null twin", "power / MDE", "seeds per arm needed"]  # fmt: skip
+
+
 def verdict_section(stats: Mapping) -> str:
     arms = stats.get("precisions") or []
     controls = stats.get("controls") or {}
@@ -147,6 +160,8 @@ def verdict_section(stats: Mapping) -> str:
         for arm in others or ["n/a"]:
             comp = get(model, role, q, "comparisons", arm) or {}
             v = get(verdicts, h, "by_arm", arm, "verdict") or get(verdicts, h, "verdict") or "n/a"
+            by_arm = get(verdicts, h, "by_arm", arm) or {}
+            finding = by_arm.get("finding") or v
             ratio = ratio_with_ci(comp) if comp.get("status") == "ok" else "n/a"
             pw, need = _power(comp, h)
             label = (
@@ -154,16 +169,26 @@ def verdict_section(stats: Mapping) -> str:
                 if others
                 else "no precision arm" + (" (controls below)" if controls else "")
             )
-            rows.append([h, label, f"**{v}**", ratio, fmt(comp.get("p")), pw, need])
+            rows.append(
+                [h, label, f"**{finding}** ({v})", ratio, fmt(comp.get("p")), drift_cell(by_arm),
+                 twin_cell(by_arm), pw, need]
+            )  # fmt: skip
     out = [
         "## Verdicts",
         "",
         f"{RATIO_NOTE}; p = one-sided test of equal whole seed variances (parametric bootstrap); MDE = "
         "smallest ratio detected with the target power at these seeds (simulated for this statistic).",
         "",
-        table(
-            ["", "comparison", "verdict", "ratio [95% CI]", "p", "power / MDE", "seeds per arm needed"], rows
-        ),
+        table(VERDICT_HEADER, rows),
+        "",
+        "Findings: larger (the rule's 'supported'), smaller (the ratio's interval lies below 1), not larger "
+        "than r0 (below r0 but containing 1), equivalent / mean lower / mean higher (H1), inconclusive. "
+        "Verdicts are decided on the absolute scale; 'at matched drift' is the same rule on a scale that "
+        "does not reward moving less (H2: dJ / sqrt(KL) of the same run and task; H3: log KL; the null "
+        "twin's ratio on that scale after it), and a disagreement of the two is flagged (⚠). 'null twin': "
+        "the negative control's ratio on the same comparison (what an arm that differs only by its seeds "
+        "gets). 'larger' must survive Holm's correction over the arms compared with the reference, on "
+        "each scale.",
         "",
     ]
     for line in noise_warnings(stats):
@@ -359,8 +384,11 @@ def render(
     seeds_only = without_repeats(metrics)  # each (arm, seed) once: repeats are in noise_floor_section
     parts = [
         "\n".join(head),
+        arms_section(stats),
+        summary_section(stats),
         gate_section(stats),
         verdict_section(stats),
+        decomposition_section(stats),
         controls_section(stats),
         excluded_section(stats, seeds_only),
         components_section(stats),

@@ -46,6 +46,8 @@ import pandas as pd
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_text
 from workflow_scripts.runtime.smk import main_from
+from workflow_scripts.statistics import arms as am
+from workflow_scripts.statistics import decompose as dc
 from workflow_scripts.statistics import noise_floor as nf
 from workflow_scripts.statistics import scopes as sc
 from workflow_scripts.statistics import verdicts as vd
@@ -57,8 +59,9 @@ from workflow_scripts.statistics.stat_tests import (
 from workflow_scripts.tasks.rows import read_parquet
 
 __all__ = ["analysis_defaults", "analyze", "json_safe", "run", "sampling_noise_var"]
-# 3: whole seed variance (shared + seed x task), noise_share, controls; 4: kl_estimator, KL blocks "kl"
-SCHEMA_VERSION = 4
+# 3: whole seed variance (shared + seed x task), noise_share, controls; 4: kl_estimator, KL blocks "kl";
+# 5: arms, decomposition, matched-drift scales (mixed_model off_task log_kl, dJ_drift), findings, Holm
+SCHEMA_VERSION = 5
 ROLES = ("on_task", "off_task")
 REQUIRED_COLUMNS = ("run", "precision", "seed", "task", "role", "dJ")
 
@@ -151,7 +154,18 @@ def _prepare(
     else:
         rows["kl"], rows["kl_var"] = np.nan, 0.0
         warn.append(f"no {name} column: H3 not tested")
+    _drift_scales(rows)
     return rows, base, excluded, source
+
+
+def _drift_scales(rows: pd.DataFrame) -> None:
+    """The matched-drift columns (``scopes.DRIFT_SCALES``): log KL and dJ / sqrt(KL) with their eval noise
+    by the delta method; NaN where KL is missing or not positive (that scale is then not compared)."""
+    kl = rows["kl"].where(rows["kl"] > 0)
+    rows["log_kl"] = np.log(kl)
+    rows["log_kl_var"] = rows["kl_var"] / kl**2
+    rows["dJ_drift"] = rows["dJ"] / np.sqrt(kl)
+    rows["dJ_drift_var"] = rows["noise"] / kl + rows["dJ"] ** 2 * rows["kl_var"] / (4 * kl**3)
 
 
 def analyze(
@@ -249,13 +263,16 @@ def analyze(
                 rows, tasks, arms, "kl", cfg, f"{t}/kl", "detect" if t == "off_task" else None
             ),
         }
+        if t == "off_task":  # the matched-drift scales of H2 and H3 (``scopes.DRIFT_SCALES``)
+            for q in sc.DRIFT_SCALES.values():
+                model[t][q] = sc.model_scope(rows, tasks, arms, q, cfg, f"{t}/{q}", None)
         for a, comp in by_type[t]["comparisons"].items():
-            for q in ("dJ", "kl"):
+            for q in model[t]:
                 mc = model[t][q]["comparisons"].get(a) if "comparisons" in model[t][q] else None
                 comp[f"{q}_model"] = mc or {"status": "failed", "reason": model[t][q].get("reason")}
                 comp[f"{q}_power"] = (mc or {}).get("power")
         for q, block in model[t].items():
-            if block.get("status") != "ok":
+            if block.get("status") != "ok" and q in sc.QUANTITIES:
                 warn.append(
                     f"mixed model failed for {t} {q}: {block.get('reason')}; verdicts fall back to "
                     "the classical tests"
@@ -268,6 +285,7 @@ def analyze(
         }
 
     n_seeds = rows.groupby("precision")["run"].nunique()
+    arm_table = am.arms_block(precisions, arms) if isinstance(precisions, Mapping) else {}
     out = {
         "schema_version": SCHEMA_VERSION,
         "config": cfg,
@@ -288,6 +306,12 @@ def analyze(
         "mixed_model": model,
         "by_task": by_task,
         "noise_share": sc.noise_share_block(by_type, arms, controls),
+        "arms": arm_table,
+        "decomposition": (
+            dc.decompose(rows, tasks_by_type, arm_table, alpha)
+            if arm_table
+            else {"status": "skipped", "reason": "no arm descriptions (precisions given without entries)"}
+        ),
         "verdicts": vd.decide(gate, by_type, arms, cfg, controls),
         "controls": vd.control_outcomes(by_type, arms, controls, cfg, gate),
         "noise_floor": nf.noise_floor(floor_input),

@@ -27,6 +27,18 @@ from workflow_scripts.statistics.stat_tests import (
 )
 
 QUANTITIES = {"dJ": ("dJ", "noise"), "kl": ("kl", "kl_var")}
+# The matched-drift scales (``stats._prepare`` makes their columns; the mixed model only): an arm that
+# drifts less also varies less in absolute terms, so beside the absolute seed variance the verdicts read
+# one that does not reward moving less. KL's: the seed variance of log KL (an arm whose every seed drifts
+# a tenth as far has the same log-scale spread); dJ's: dJ per unit of drift, dJ / sqrt(KL) of the same run
+# and task (dJ scales with the parameter displacement, KL with its square). Eval noise by the delta method.
+DRIFT_SCALES = {"dJ": "dJ_drift", "kl": "log_kl"}
+MODEL_QUANTITIES = {
+    **QUANTITIES,
+    "log_kl": ("log_kl", "log_kl_var"),
+    "dJ_drift": ("dJ_drift", "dJ_drift_var"),
+}
+SCALE_NAMES = {"dJ": "absolute", "kl": "absolute", "log_kl": "log KL", "dJ_drift": "dJ / sqrt(KL)"}
 # Quantities the mixed model compares in units of each task's spread: the model has one seed x task
 # variance for all of a role's tasks, and KL's scale differs by 1000x between tasks (default run: mcq
 # 3e-4 nats, chain 0.36), so in nats the smallest task pins the common variance at 0 (measured: fp32's
@@ -34,7 +46,10 @@ QUANTITIES = {"dJ": ("dJ", "noise"), "kl": ("kl", "kl_var")}
 # Divided by the task's across-seed SD (the root of the mean over the compared arms of each arm's
 # variance across seeds), every task has an observed variance near 1, as the common-variance model
 # assumes. Both arms' values of a task are divided by the same number, so a ratio keeps its meaning.
-RELATIVE = {"kl": "per task, divided by the task's across-seed SD (root mean over the compared arms)"}
+RELATIVE = {
+    q: "per task, divided by the task's across-seed SD (root mean over the compared arms)"
+    for q in ("kl", "log_kl", "dJ_drift")
+}
 
 
 def task_scales(rows: pd.DataFrame, tasks: Sequence[str], arms: Sequence[str], col: str) -> np.ndarray:
@@ -170,8 +185,8 @@ def model_scope(
 
     ``power_for``: None, 'detect' or 'equivalence' (which power block the verdict of this scope needs).
     """
-    col, ncol = QUANTITIES[quantity]
-    if rows.loc[rows["task"].isin(tasks), col].isna().any():
+    col, ncol = MODEL_QUANTITIES[quantity]
+    if col not in rows.columns or rows.loc[rows["task"].isin(tasks), col].isna().any():
         return {"status": "failed", "reason": f"{quantity} missing for some runs of these tasks"}
     scales = task_scales(rows, tasks, arms, col) if quantity in RELATIVE else np.ones(len(tasks))
     datas = {a: arm_data_of(rows, a, tasks, col, ncol, scales) for a in arms}

@@ -36,6 +36,17 @@ If the model fit failed for a comparison, the verdict falls back to the classica
 unit (the per-task variance across seeds pooled over the role's tasks: BF on each seed's mean absolute
 deviation for the test, the seed bootstrap CI for the bounds) and the reason says so.
 
+Findings (``finding_variance``, ``finding_h1``): each verdict also in words that say what was found:
+larger, smaller (the ratio's CI below 1), not larger than r0 (below r0 but containing 1), equivalent,
+mean lower / higher, inconclusive. Multiplicity (``family_adjusted``): a 'supported' H2 or H3 must also
+survive Holm's correction over the arms compared with the same reference (their comparisons share the
+reference's runs, so a low draw of its spread makes every arm look larger at once); a control is judged
+as one more member of that family. Scales: H2 and H3 are decided on the absolute seed variance and read
+beside it on a matched-drift scale (``scopes.DRIFT_SCALES``), with a flag where the two disagree; each
+arm's row carries the null twin's ratio on the same comparison. This module is long on purpose: the
+rules, their words and their correction must be read together, and splitting them would put the
+decision in one file and its meaning in another.
+
 Controls: a precision entry with ``control: negative`` (the reference under another name) or
 ``control: positive`` (the reference with added update noise) is not a precision arm: it is left out
 of H1-H3 and judged in ``control_outcomes`` by the H2 rule on its off-task dJ and the H3 rule on its
@@ -248,10 +259,154 @@ RULES = {
     "r0); contradicted iff a (1-alpha) CI lies outside the margin; else inconclusive",
     "H2": "off-task dJ: supported iff the one-sided (1-alpha) lower bound of the whole seed-variance "
     "ratio (per task across seeds, shared + seed x task, eval noise held out) is above 1 and the "
-    "bootstrap-calibrated one-sided test rejects at alpha; contradicted iff the (1-alpha) CI is below r0; "
-    "else inconclusive",
-    "H3": "off-task KL: the H2 rule; the on-task KL ratio is reported beside it",
+    "bootstrap-calibrated one-sided test rejects at alpha and so does the seed-permutation test, and the "
+    "larger of their p survives Holm's correction over the arms compared with the same reference (a "
+    "control is judged as one more arm of that family); contradicted iff the (1-alpha) CI is below r0 "
+    "(finding 'smaller' where it is below 1, else 'not larger than r0'); else inconclusive. Decided on "
+    "the absolute scale; the matched-drift scale (dJ / sqrt(KL) of the same run and task) is read beside it",
+    "H3": "off-task KL: the H2 rule (matched-drift scale: log KL); the on-task KL ratio is reported beside "
+    "it",
 }
+# Holm's correction runs over the arms within H2 and within H3, not across the hypotheses: each
+# hypothesis is its own claim with its own verdict, and no statement of the report rests on "H2 or H3"
+# being larger. H1 needs none: its 'supported' is an intersection-union test (mean AND variance
+# equivalence, each at alpha), whose size is at most alpha, and its 'contradicted' needs a (1-alpha)
+# interval outside the margin.
+
+
+def finding_variance(verdict: str, model: Mapping, classical: Mapping, cfg: Mapping) -> str:
+    """The H2/H3 verdict in words that say what was found: larger, smaller (CI below 1), not larger than
+    r0 (CI below r0 but containing 1), inconclusive, not testable."""
+    if verdict == "supported":
+        return "larger"
+    if verdict == "contradicted":
+        ci = _bounds(model, classical)[0]
+        if ci is not None and ci[1] is not None and ci[1] < 1:
+            return "smaller"
+        return f"not larger than r0={_f(cfg['variance_ratio_margin'])}"
+    return verdict
+
+
+def finding_h1(verdict: str, mean: Mapping, model: Mapping, classical: Mapping, cfg: Mapping) -> str:
+    """H1 in words: equivalent, mean lower / higher (beyond the margin), variance differs, inconclusive."""
+    if verdict == "supported":
+        return "equivalent"
+    if verdict != "contradicted":
+        return verdict
+    if mean.get("status") == "ok" and mean["ci_high"] < -mean["tost"]["margin"]:
+        return "mean lower"
+    if mean.get("status") == "ok" and mean["ci_low"] > mean["tost"]["margin"]:
+        return "mean higher"
+    ci = _bounds(model, classical)[0]
+    return "variance larger" if ci is not None and ci[0] is not None and ci[0] > 1 else "variance smaller"
+
+
+DIRECTION = {"larger": 1, "smaller": -1}
+
+
+def _direction(finding: str) -> int | None:
+    if finding.startswith("not larger"):
+        return 0
+    return DIRECTION.get(finding)
+
+
+def scales_agree(absolute: str, drift: str) -> bool | None:
+    """False where one scale finds 'larger' and the other 'smaller' or 'not larger'; None where either
+    scale decided nothing; else True."""
+    a, d = _direction(absolute), _direction(drift)
+    if a is None or d is None:
+        return None
+    return not ({a, d} & {1} and {a, d} & {-1, 0})
+
+
+def evidence_p(model: Mapping, classical: Mapping) -> float | None:
+    """The p a 'larger' rests on: the larger of the bootstrap p and the seed-permutation p (both must
+    reject), or the classical p where the model failed."""
+    p = _bounds(model, classical)[2]
+    if p is None:
+        return None
+    robust = robust_check(model)
+    return max(float(p), robust) if robust is not None else float(p)
+
+
+def holm(pvalues: Mapping[Any, float | None]) -> dict[Any, float]:
+    """Holm's step-down adjusted p-values (keys with p None are left out)."""
+    items = sorted(((p, k) for k, p in pvalues.items() if p is not None), key=lambda x: x[0])
+    m, out, running = len(items), {}, 0.0
+    for i, (p, k) in enumerate(items):
+        running = max(running, min(1.0, (m - i) * p))
+        out[k] = running
+    return out
+
+
+def family_adjusted(
+    by_role: Mapping[str, Mapping],
+    arms: Sequence[str],
+    controls: Mapping[str, str],
+    q: str,
+    extra: str | None,
+) -> dict[str, float]:
+    """Holm-adjusted p of the off-task 'larger' test of quantity ``q`` (dJ, kl or a matched-drift scale)
+    for every precision arm compared with the reference (controls left out, so adding a control changes
+    no arm's verdict), plus ``extra`` (a control arm judged as one more member of that family: it faces
+    the correction the arms face)."""
+    comps = (by_role.get("off_task") or {}).get("comparisons") or {}
+    members = [a for a in arms[1:] if a not in controls] + ([extra] if extra else [])
+    ps = {
+        a: evidence_p(comps[a].get(f"{q}_model") or {}, comps[a].get(f"{q}_var") or {})
+        for a in members
+        if a in comps
+    }
+    return holm(ps)
+
+
+def _corrected(v: str, why: str, adjusted: float | None, m: int, alpha: float) -> tuple[str, str]:
+    """A 'supported' that does not survive Holm's correction over the family becomes inconclusive."""
+    if v != "supported" or adjusted is None:
+        return v, why
+    if m <= 1:
+        return v, why
+    if adjusted < alpha:
+        return v, f"{why}; Holm-adjusted over the {m} arms compared with the reference: p={_f(adjusted)}"
+    return "inconclusive", (
+        f"{why}; but not after Holm's correction over the {m} arms compared with the same reference "
+        f"(adjusted p={_f(adjusted)} >= {alpha:g})"
+    )
+
+
+DRIFT_SCALE = {"H2": ("dJ_drift", "off-task dJ / sqrt(KL)"), "H3": ("log_kl", "off-task log KL")}
+DRIFT_KEYS = tuple(key for key, _ in DRIFT_SCALE.values())
+
+
+def _matched_drift(
+    comp: Mapping, h: str, cfg: Mapping, adjusted: Mapping[str, float], arm: str, twins: dict[str, Any]
+) -> dict[str, Any]:
+    """H2/H3's rule on the matched-drift scale, Holm-corrected over its own family of arms."""
+    key, what = DRIFT_SCALE[h]
+    model = comp.get(f"{key}_model") or {"status": "failed", "reason": "not fitted"}
+    v, why = verdict_variance(model, {}, None, cfg, what)
+    v, why = _corrected(v, why, adjusted.get(arm), len(adjusted), float(cfg["alpha"]))
+    ratio = model.get("ratio") if model.get("status") == "ok" else None
+    ci = model.get("ratio_ci") if model.get("status") == "ok" else None
+    return {
+        "scale": what,
+        "verdict": v,
+        "finding": finding_variance(v, model, {}, cfg),
+        "ratio": ratio,
+        "ratio_ci": ci,
+        "reason": why,
+        "twins": twins,
+    }
+
+
+def _twins(comps: Mapping, q: str, controls: Mapping[str, str]) -> dict[str, Any]:
+    """The negative controls' ratios on the same comparison (what a null arm gets beside each arm's)."""
+    out = {}
+    for twin, kind in controls.items():
+        model = (comps.get(twin) or {}).get(f"{q}_model") or {}
+        if kind == "negative" and model.get("status") == "ok":
+            out[twin] = {"ratio": model.get("ratio"), "ratio_ci": model.get("ratio_ci")}
+    return out
 
 
 def decide(
@@ -261,39 +416,66 @@ def decide(
     cfg: Mapping,
     controls: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """verdicts[H] = {verdict, reason, rule, scope, by_arm{arm: {verdict, reason}}}; control arms left out."""
+    """verdicts[H] = {verdict, finding, reason, rule, scope, by_arm{arm: {verdict, finding, reason, scale,
+    matched_drift, scales_agree, twins, holm_p}}}; control arms left out (but counted in Holm's family)."""
     out = {}
+    controls = dict(controls or {})
     on, off = by_role.get("on_task"), by_role.get("off_task")
+    alpha = float(cfg["alpha"])
+    adjusted = {q: family_adjusted(by_role, arms, controls, q, None) for q in ("dJ", "kl", *DRIFT_KEYS)}
+    off_comps = (off or {}).get("comparisons") or {}
     for h in ("H1", "H2", "H3"):
         per_arm = {}
-        for a in (a for a in arms[1:] if a not in (controls or {})):
+        for a in (a for a in arms[1:] if a not in controls):
             scope = on if h == "H1" else off
+            extra: dict[str, Any] = {"scale": "absolute"}
             if not gate_block.get("passed"):
                 v, why = "not testable", f"{NOT_TESTABLE}: {gate_block.get('reason')}"
+                finding = v
             elif scope is None:
                 v, why = "inconclusive", f"no {'on' if h == 'H1' else 'off'}-task tasks"
+                finding = v
             else:
                 comp = scope["comparisons"][a]
                 if h == "H1":
                     v, why = verdict_h1(
                         comp["dJ_mean"], comp["dJ_model"], comp["dJ_var"], comp.get("dJ_power"), cfg
                     )
-                elif h == "H2":
-                    v, why = verdict_variance(
-                        comp["dJ_model"], comp["dJ_var"], comp.get("dJ_power"), cfg, "off-task dJ"
-                    )
+                    finding = finding_h1(v, comp["dJ_mean"], comp["dJ_model"], comp["dJ_var"], cfg)
                 else:
+                    q = "dJ" if h == "H2" else "kl"
+                    what = "off-task dJ" if h == "H2" else "off-task KL"
                     v, why = verdict_variance(
-                        comp["kl_model"], comp["kl_var"], comp.get("kl_power"), cfg, "off-task KL"
+                        comp[f"{q}_model"], comp[f"{q}_var"], comp.get(f"{q}_power"), cfg, what
                     )
-                    on_kl = ((on or {}).get("comparisons") or {}).get(a, {}).get("kl_model") or {}
-                    if on_kl.get("status") == "ok":
-                        why += f"; on-task KL ratio {_f(on_kl['ratio'])} {_ci(on_kl['ratio_ci'])}"
-            per_arm[a] = {"verdict": v, "reason": why}
+                    v, why = _corrected(v, why, adjusted[q].get(a), len(adjusted[q]), alpha)
+                    if h == "H3":
+                        on_kl = ((on or {}).get("comparisons") or {}).get(a, {}).get("kl_model") or {}
+                        if on_kl.get("status") == "ok":
+                            why += f"; on-task KL ratio {_f(on_kl['ratio'])} {_ci(on_kl['ratio_ci'])}"
+                    finding = finding_variance(v, comp[f"{q}_model"], comp[f"{q}_var"], cfg)
+                    key = DRIFT_SCALE[h][0]
+                    twins = _twins(off_comps, key, controls)
+                    drift = _matched_drift(comp, h, cfg, adjusted[key], a, twins)
+                    extra.update(
+                        matched_drift=drift,
+                        scales_agree=scales_agree(finding, drift["finding"]),
+                        twins=_twins(off_comps, q, controls),
+                        holm_p=adjusted[q].get(a),
+                    )
+            per_arm[a] = {"verdict": v, "finding": finding, "reason": why, **extra}
         v, why = overall(per_arm)
+        findings = {x["finding"] for x in per_arm.values()}
         role, quantity = SCOPES[h]
         scope = {"role": role, "quantity": quantity}
-        out[h] = {"verdict": v, "reason": why, "by_arm": per_arm, "rule": RULES[h], "scope": scope}
+        out[h] = {
+            "verdict": v,
+            "finding": next(iter(findings)) if len(findings) == 1 else "arms differ",
+            "reason": why,
+            "by_arm": per_arm,
+            "rule": RULES[h],
+            "scope": scope,
+        }
     return out
 
 
@@ -310,11 +492,13 @@ def control_outcomes(
     gate_block: Mapping,
 ) -> dict[str, Any]:
     """controls[arm] = {kind, expected, outcome, reason, dJ_passed, kl_outcome, kl_reason, kl_passed,
-    passed}: the H2 rule on the control's off-task dJ and the H3 rule on its off-task KL vs the
-    reference, without the gate (see module docstring); ``passed`` needs both (KL: None where it was
+    uncorrected {dJ, kl}, passed}: the H2 rule on the control's off-task dJ and the H3 rule on its
+    off-task KL vs the reference (Holm-corrected as one more arm of the family), without the gate (see
+    module docstring); ``passed`` needs both (KL: None where it was
     not testable, and then dJ alone decides)."""
     out = {}
     comps = (by_role.get("off_task") or {}).get("comparisons") or {}
+    alpha = float(cfg["alpha"])
     for a, kind in controls.items():
         expected = "not supported" if kind == "negative" else "supported"
         block: dict[str, Any] = {"kind": kind, "expected": expected}
@@ -337,6 +521,10 @@ def control_outcomes(
         kl_v, kl_why = verdict_variance(
             comp["kl_model"], comp["kl_var"], comp.get("kl_power"), cfg, "off-task KL"
         )
+        adj = {q: family_adjusted(by_role, arms, controls, q, a) for q in ("dJ", "kl")}
+        uncorrected = {"dJ": v, "kl": kl_v}
+        v, why = _corrected(v, why, adj["dJ"].get(a), len(adj["dJ"]), alpha)
+        kl_v, kl_why = _corrected(kl_v, kl_why, adj["kl"].get(a), len(adj["kl"]), alpha)
         dj_passed = _as_it_must(kind, v)
         kl_passed = None if kl_v == "not testable" else _as_it_must(kind, kl_v)
         out[a] = {
@@ -347,6 +535,7 @@ def control_outcomes(
             "kl_outcome": kl_v,
             "kl_passed": kl_passed,
             "kl_reason": kl_why,
+            "uncorrected": uncorrected,  # the outcomes before Holm's correction over the arms
             "passed": dj_passed and kl_passed is not False,
             "gate_passed": bool(gate_block.get("passed")),
         }
