@@ -67,8 +67,11 @@ def plant(rows: pd.DataFrame, col: str, ratio: float, form: str) -> pd.DataFrame
     return rows
 
 
+BOOTSTRAP: int | None = None  # --bootstrap: bootstrap tables and seed permutations per comparison
+
+
 def outcome(rows: pd.DataFrame, q: str, ref: str, arm: str, key: str) -> str:
-    cfg = stats.analysis_defaults()
+    cfg = {**stats.analysis_defaults(), **({"bootstrap": BOOTSTRAP} if BOOTSTRAP else {})}
     tasks = sorted(rows["task"].unique())
     block = sc.model_scope(rows, tasks, [ref, arm], q, cfg, key, None)
     comp = (block.get("comparisons") or {}).get(arm) or {"status": "failed", "reason": block.get("reason")}
@@ -114,8 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, default=4.0, help="planted variance ratio")
     parser.add_argument("--twins", type=Path, help="a results dir of config.twins.yaml")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        help="bootstrap tables = seed permutations per comparison (default: the "
+        "analysis default); p resolves to 1/(N+1)",
+    )
     parser.add_argument("--json", type=Path, help="write every outcome here too")
     args = parser.parse_args(argv)
+    global BOOTSTRAP
+    BOOTSTRAP = args.bootstrap
     record: dict = {}
     if args.arm:
         pool = pooled_runs(args.arm)

@@ -2,14 +2,16 @@
 
 ``bench/gpu_smoke.sh`` runs the workflow on that config into a work folder, then ``report`` here. It reads
 the run's own outputs (run.json, metrics.jsonl, the eval and KL summaries, the sparsity summaries,
-benchmarks/) and adds two measurements of its own:
+benchmarks/) and adds measurements of its own:
 
-- **resume**: the deterministic fp32 arm trained again, in a child process that SIGKILLs itself right
-  after its first checkpoint is written, then resumed in a second child; the resumed weights must be
-  bit-identical to the workflow's uninterrupted run, and that run must have moved away from the base
-  (identical unchanged weights would prove nothing);
+- **resume** (``gpu_smoke_resume``): the deterministic fp32 arm trained again in a child that SIGKILLs
+  itself after its first checkpoint, then resumed; its weights must be bit-identical to the workflow's;
 - **HF vs vLLM**: the on-task evaluation of that run repeated with the HF sampler (``evaluate.run`` into
-  a scratch folder, same seed and settings), for tokens/s and for pass@1 agreement between samplers.
+  a scratch folder, same seed and settings), for tokens/s and for pass@1 agreement between samplers;
+- **device checks** (``gpu_smoke_checks``): the driver preflight (``gpu_smoke.sh`` runs it first and
+  stops on a driver the torch wheel cannot use), each arm's engine start, its memory plan beside the
+  measured peak, the fp32 engine under deterministic algorithms and a sleep/wake cycle (one child
+  process, ``engine-probe``), the sampler-trainer gap and tokens/s from the CUDA engine.
 
 | check               | pass when                                                              | GPU only |
 |---------------------|------------------------------------------------------------------------|----------|
@@ -29,10 +31,20 @@ benchmarks/) and adds two measurements of its own:
 | base_kl_zero        | KL of every base run to itself is 0 (abs <= 1e-6)                       |          |
 | resume_bit_identical| killed + resumed fp32 weights == uninterrupted ones, which moved        |          |
 | peak_gpu_memory     | the device's memory was sampled and its peak stayed under 95% of total  | yes      |
-| time_budget         | workflow + this script took <= 480 s                                    | yes      |
+| time_budget         | workflow + this script took <= 600 s                                    | yes      |
+| driver              | driver new enough for torch's CUDA build, torch sees the GPU            | yes      |
+| engine_start.<arm>  | run.json's engine: on the GPU, the configured share and sleep mode, KV  | yes      |
+|                     | for min_concurrent_seqs x max_model_len tokens                         |          |
+| memory_plan.<arm>   | plan total within 15% of the measured peak (device while the arm       | yes      |
+|                     | trained, else torch's reserved peak + the plan without its context)    |          |
+| vllm_deterministic  | fp32 engine under deterministic algorithms: generates, twice identical | yes      |
+| sleep_cycle         | sleep(1) frees memory; after wake_up the same completions              | yes      |
+| rollout_gap.<arm>   | a gap every generation round from the CUDA engine; tokens/s of rollout  | yes      |
+|                     | and training                                                           |          |
 
-Status is "pass", "fail", "not applicable on CPU" (a GPU-only check on a machine without CUDA: never
-"pass") or "not applicable without vLLM" (a vLLM check of a config that samples with HF: the HF twin).
+Every check has a status and a reason. Status is "pass", "fail", "skipped (no GPU)" (a GPU-only check on
+a machine without CUDA: never "pass"; its value still holds what could be read, e.g. the memory plan)
+or "not applicable without vLLM" (a vLLM check of a config that samples with HF: the HF twin).
 The vLLM checks run wherever the config uses vLLM: on a GPU, and on CPU with vLLM's CPU build (the
 vLLM twin, tests/workflow/test_gpu_smoke_vllm.py). Exit status 1 when any check fails. Eval tokens/s
 are the evaluate job's own ``generate_s``: for vLLM it includes building the engine (``vllm.LLM``), for
@@ -42,13 +54,7 @@ HF the model is already loaded.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
-import os
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -59,7 +65,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import gpu_smoke_checks as checks  # noqa: E402
 from bench_default import rule_totals  # noqa: E402
+from gpu_smoke_resume import read_json, resume_arm, resume_check, train_child  # noqa: E402
 
 from workflow_scripts.runtime import paths  # noqa: E402
 from workflow_scripts.runtime.atomic import write_json  # noqa: E402
@@ -67,39 +75,36 @@ from workflow_scripts.runtime.config import load_config  # noqa: E402
 from workflow_scripts.training.metrics_log import read_metrics, rollout_rows  # noqa: E402
 
 PASS, FAIL = "pass", "fail"
-NA, NA_VLLM = "not applicable on CPU", "not applicable without vLLM"
-TIME_BUDGET_S = 480.0
+NA, NA_VLLM = checks.NO_GPU, "not applicable without vLLM"
+TIME_BUDGET_S = 600.0
 KL_ZERO_TOL = 1e-6
 MEMORY_SHARE = 0.95
 
 
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"missing output: {path}") from None
-
-
 class Report:
-    """Checks (name -> {status, value, expected}) and figures; a check that raises is a failure."""
+    """Checks (name -> {status, value, expected, reason}) and figures; a check that raises is a failure."""
 
     def __init__(self, gpu: bool, vllm: bool = False) -> None:
         self.gpu, self.vllm = gpu, vllm
         self.checks: dict[str, dict] = {}
         self.figures: dict[str, Any] = {}
 
-    def check(self, name: str, expected: str, fn: Callable[[], tuple[bool, Any]], gpu_only: bool = False,
+    def check(self, name: str, expected: str, fn: Callable[[], tuple], gpu_only: bool = False,
               vllm_only: bool = False) -> None:  # fmt: skip
+        """``fn`` returns (ok, value) or (ok, value, reason); a GPU-only check without a GPU is skipped
+        (its value kept), a vLLM-only one of an HF config not applicable."""
         try:
-            ok, value = fn()
+            ok, value, *why = fn()
             status = PASS if ok else FAIL
+            reason = why[0] if why else (f"as expected: {expected}" if ok else f"expected {expected}")
         except Exception as err:  # the JSON must say what broke, whatever broke
             status, value = FAIL, f"{type(err).__name__}: {err}"
-        if gpu_only and not self.gpu:
-            status = NA
+            reason = value
         if vllm_only and not self.vllm:
-            status = NA_VLLM
-        self.checks[name] = {"status": status, "value": value, "expected": expected}
+            status, reason = NA_VLLM, "the config samples with HF"
+        if gpu_only and not self.gpu:
+            status, reason = NA, "needs CUDA; this machine has no GPU"
+        self.checks[name] = {"status": status, "value": value, "expected": expected, "reason": reason}
 
     def figure(self, name: str, fn: Callable[[], Any]) -> None:
         try:
@@ -179,6 +184,13 @@ def arm_checks(report: Report, config: dict, res: Path) -> None:
         report.check(f"vllm_seed.{arm}", "engine seed from the run seed", vllm_seed_check, vllm_only=True)
         report.check(f"sampler_gap.{arm}", "gap measured every generation round", gap)
         report.check(f"importance_sampling.{arm}", "as configured", importance_sampling)
+        report.check(f"engine_start.{arm}", "engine on the GPU at the configured share, KV for "
+                     "min_concurrent_seqs full sequences", lambda r=record: checks.engine_start(config, r()),
+                     gpu_only=True, vllm_only=True)  # fmt: skip
+        metrics_path = paths.train_dir(arm, seed, res) / "metrics.jsonl"
+        report.check(f"rollout_gap.{arm}", "a gap every generation round from the CUDA engine; tokens/s",
+                     lambda r=record, m=metrics_path: checks.rollout_gap(config, r(), m),
+                     gpu_only=True, vllm_only=True)  # fmt: skip
         report.figure(
             f"train.{arm}", lambda arm=arm, record=record: train_figures(config, arm, record(), res)
         )
@@ -269,131 +281,11 @@ def stage_seconds(workdir: Path) -> dict[str, float]:
 
 
 def device_memory_peak(csv_path: Path) -> dict:
-    """Peak and total MiB of ``nvidia-smi --query-gpu=memory.used,memory.total`` samples (csv, no units)."""
-    used, total = [], []
-    for line in csv_path.read_text(encoding="utf-8").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-            used.append(int(parts[0]))
-            total.append(int(parts[1]))
-    if not used:
+    """Peak and total MiB of nvidia-smi samples (``gpu_smoke_checks.memory_samples``)."""
+    rows = checks.memory_samples(csv_path)
+    if not rows:
         raise ValueError(f"{csv_path}: no memory samples")
-    return {"peak_mib": max(used), "total_mib": max(total), "samples": len(used)}
-
-
-# ---------------------------------------------------------------------------------- resume (fp32 arm)
-
-
-def resume_arm(config: dict) -> str | None:
-    return next(
-        (a for a, m in config["precisions"].items() if m["deterministic"] and m["param_dtype"] == "float32"),
-        None,
-    )
-
-
-def child_command(config_path: Path, res: Path, arm: str, seed: int, out: Path, ckpt: Path) -> list[str]:
-    return [
-        sys.executable, str(Path(__file__).resolve()), "train-child", "--config", str(config_path),
-        "--precision", arm, "--seed", str(seed), "--data", str(paths.data_dir(res)),
-        "--base", str(paths.base_model_dir(res)), "--out", str(out), "--ckpt", str(ckpt),
-    ]  # fmt: skip
-
-
-def tensors_identical(a: Path, b: Path) -> bool:
-    import torch
-    from safetensors.torch import load_file
-
-    x, y = load_file(a), load_file(b)
-    return x.keys() == y.keys() and all(
-        x[k].dtype == y[k].dtype
-        and x[k].shape == y[k].shape
-        and torch.equal(x[k].view(torch.uint8), y[k].view(torch.uint8))
-        for k in x
-    )
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def resume_check(
-    config_path: Path, config: dict, res: Path, scratch: Path, timeout: int
-) -> tuple[bool, dict]:
-    """Kill a fresh run of the fp32 arm right after its first checkpoint, resume it, compare weights."""
-    from workflow_scripts.training.grpo_config import save_steps
-
-    arm = resume_arm(config)
-    if arm is None:
-        return False, "no deterministic float32 arm in the config"
-    seed, steps, first = config["seeds"][0], config["train"]["max_steps"], save_steps(config["train"])
-    if first >= steps:
-        return False, f"first checkpoint (step {first}) is not before the last step ({steps})"
-    folder = scratch / "resume"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    out, ckpt = folder / "out", folder / "ckpt"
-    cmd = child_command(config_path, res, arm, seed, out, ckpt)
-    value: dict[str, Any] = {"arm": arm, "seed": seed, "killed_after_step": first, "steps": steps}
-    with open(folder / "killed.log", "w", encoding="utf-8") as log:
-        killed = subprocess.run([*cmd, "--kill-at", str(first)], stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout, cwd=folder)  # fmt: skip
-    value["killed_returncode"] = killed.returncode
-    if killed.returncode != -signal.SIGKILL:
-        return False, {
-            **value,
-            "error": f"the first child did not die by SIGKILL; see {folder / 'killed.log'}",
-        }
-    with open(folder / "resumed.log", "w", encoding="utf-8") as log:
-        resumed = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=folder)
-    value["resumed_returncode"] = resumed.returncode
-    if resumed.returncode != 0:
-        return False, {**value, "error": f"the resumed child failed; see {folder / 'resumed.log'}"}
-    record = read_json(out / "run.json")
-    value["resumed_from_step"] = record["resumed_from_step"]
-    straight = paths.train_dir(arm, seed, res) / "model" / "model.safetensors"
-    again = out / "model" / "model.safetensors"
-    base = paths.base_model_dir(res) / "model.safetensors"
-    value["file_identical"] = sha256(straight) == sha256(again)
-    value["tensors_identical"] = tensors_identical(straight, again)
-    value["moved_from_base"] = not tensors_identical(straight, base)
-    keys = ("loss", "grad_norm", "reward")
-    ours = [[r[k] for k in keys] for r in read_metrics(out / "metrics.jsonl")]
-    theirs = [[r[k] for k in keys] for r in read_metrics(paths.train_dir(arm, seed, res) / "metrics.jsonl")]
-    value["metrics_identical"] = ours == theirs
-    ok = record["resumed"] and record["resumed_from_step"] == first and value["tensors_identical"]
-    return bool(ok and value["moved_from_base"]), value
-
-
-def train_child(args: argparse.Namespace) -> int:
-    """One training run of the workflow's train stage (same config, same threads as its job)."""
-    from workflow_scripts.runtime.resources import job_threads
-    from workflow_scripts.runtime.threads import limit_threads
-
-    config = load_config(args.config)
-    threads = job_threads(config, "train")
-    limit_threads(threads)
-    from transformers import TrainerCallback
-
-    from workflow_scripts.train import train_run
-
-    class KillAfterCheckpoint(TrainerCallback):
-        """SIGKILL this process once the checkpoint of step ``at`` is complete (a job killed mid-run)."""
-
-        def __init__(self, at: int) -> None:
-            self.at = at
-
-        def on_save(self, args, state, control, **kwargs):
-            if state.global_step == self.at:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    callbacks = [KillAfterCheckpoint(args.kill_at)] if args.kill_at else []
-    train_run(config, args.precision, args.seed, args.data, args.base, args.out, args.ckpt,
-              threads=threads, callbacks=callbacks)  # fmt: skip
-    return 0
+    return {"peak_mib": max(r[1] for r in rows), "total_mib": max(r[2] for r in rows), "samples": len(rows)}
 
 
 # ------------------------------------------------------------------------------- HF re-evaluation
@@ -444,19 +336,10 @@ def compare_backends(hf: dict) -> tuple[bool, dict]:
 # ------------------------------------------------------------------------------------------- report
 
 
-def device_info() -> dict:
-    import torch
-
-    if not torch.cuda.is_available():
-        return {"cuda": False, "torch": torch.__version__}
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "cuda": True,
-        "name": props.name,
-        "total_memory_gib": round(props.total_memory / 2**30, 2),
-        "torch": torch.__version__,
-        "cuda_version": torch.version.cuda,
-    }
+def device_info(workdir: Path) -> dict:
+    """gpu_smoke.sh's preflight (driver, torch's CUDA, the GPU), or the same read now."""
+    saved = workdir / "preflight.json"
+    return read_json(saved) if saved.exists() else checks.preflight_info()
 
 
 def build_report(args: argparse.Namespace) -> Report:
@@ -465,10 +348,13 @@ def build_report(args: argparse.Namespace) -> Report:
     config = load_config(config_path)
     res = workdir / paths.RESULTS
     scratch = workdir / "gpu_smoke"
-    device = device_info()
+    device = device_info(workdir)
     uses_vllm = bool(config["train"]["use_vllm"] or config["eval"]["backend"] == "vllm")
-    report = Report(gpu=device["cuda"], vllm=uses_vllm)
+    report = Report(gpu=bool(device["cuda_available"]), vllm=uses_vllm)
     report.figures["device"] = device
+    verdict = device["verdict"]
+    report.check("driver", "a driver new enough for torch's CUDA build; torch sees the GPU",
+                 lambda: (verdict["status"] == PASS, device, verdict["reason"]), gpu_only=True)  # fmt: skip
 
     def workflow():
         missing = [str(p) for p in expected_targets(config, res) if not p.exists()]
@@ -501,6 +387,8 @@ def build_report(args: argparse.Namespace) -> Report:
 
     report.figure("eval_speed", eval_speed)
     report.figure("stage_seconds", lambda: stage_seconds(workdir))
+    checks.plan_checks(report, config, res, args.memory_log, device.get("reported_gib"))
+    checks.run_probe(report, config_path, config, res, scratch, args.child_timeout)
 
     def memory():
         if not args.memory_log:
@@ -558,9 +446,20 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("--data", "--base", "--out", "--ckpt"):
         child.add_argument(name, required=True)
     child.add_argument("--kill-at", type=int, default=0, help="SIGKILL itself after this step's checkpoint")
+    pre = sub.add_parser("preflight", help="driver, torch's CUDA and the GPU; exit 3 on a driver too old")
+    pre.add_argument("--workdir", required=True)
+    pre.add_argument("--out", required=True, help="the report JSON, written only when refused")
+    probe = sub.add_parser("engine-probe", help="(internal) deterministic fp32 engine + sleep/wake cycle")
+    for name in ("--config", "--results", "--arm", "--out"):
+        probe.add_argument(name, required=True)
     args = parser.parse_args(argv)
     if args.command == "train-child":
         return train_child(args)
+    if args.command == "preflight":
+        return checks.preflight(Path(args.workdir), Path(args.out))
+    if args.command == "engine-probe":
+        config = load_config(args.config)
+        return checks.engine_probe(config, Path(args.results), args.arm, Path(args.out))
     report = build_report(args)
     failed = report.failed
     write_json(args.out, {
@@ -572,7 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     })  # fmt: skip
     width = max(map(len, report.checks))
     for name, check in report.checks.items():
-        print(f"{name:<{width}}  {check['status']:<22} {json.dumps(check['value'], default=str)[:150]}")
+        print(f"{name:<{width}}  {check['status']:<17} {str(check['reason'])[:160]}")
+    for name, check in report.checks.items():
+        if name.startswith("memory_plan."):
+            print("\n".join(checks.plan_lines(name.split(".", 1)[1], check["value"])))
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'} -> {args.out}")
     return 1 if failed else 0
 

@@ -595,3 +595,80 @@ def test_bf16_arms_with_different_bf16_matmul_stop_the_workflow_naming_each_key(
     message = proc.stdout + proc.stderr
     for arm in ("bf16", "bf16_emulated"):
         assert f"config.yaml: precisions.{arm}.bf16_matmul: the arms with param_dtype bfloat16" in message
+
+
+# ------------------------------------------------------------------------- resume after a retry
+
+
+def test_a_per_run_job_killed_after_its_first_task_resumes_without_recomputing_it(tiny, tmp_path,
+                                                                                  monkeypatch):  # fmt: skip
+    """eval.jobs per_run: attempt 1 dies while generating the second task; Snakemake deletes the outputs;
+    attempt 2 copies the first task from the store (no generation, no model load for it) and computes
+    the second. Every file equals an uninterrupted run's (byte for byte; the json up to timing)."""
+    from workflow_scripts import evaluate as ev
+
+    model, tok = tiny
+    base_dir = _save(model, tok, tmp_path / "base")
+    data = _data(tmp_path)
+    task_cfg = {"kind": "integer", "role": "on_task", "max_new_tokens": 4}
+
+    def jobs(out: Path) -> list:
+        return [ev.TaskJob(t, task_cfg, data, out / f"{t}.samples.parquet", out / f"{t}.json",
+                           out / f"{t}.kl.json") for t in ("t", "u")]  # fmt: skip
+
+    def job(out: Path, store: Path, eval_cfg=EVAL_CFG) -> list:
+        return ev.run_tasks(model=base_dir, base=base_dir, tasks=jobs(out), eval_cfg=eval_cfg, run="base",
+                            resume={"dir": store, "code": "v1"})  # fmt: skip
+
+    calls = []
+    real = ev.generate
+
+    def counted(model_dir, prompts, eval_cfg, max_new_tokens, seed, *args, **kw):
+        calls.append(seed)
+        if kill_at is not None and len(calls) == kill_at:
+            raise KeyboardInterrupt("killed")
+        return real(model_dir, prompts, eval_cfg, max_new_tokens, seed, *args, **kw)
+
+    monkeypatch.setattr(ev, "generate", counted)
+    kill_at = None
+    whole = job(tmp_path / "whole", tmp_path / "store_whole")
+    assert len(calls) == 2 and not any((tmp_path / "store_whole").iterdir())  # cleared when the job is done
+    first_seed, second_seed = calls
+    calls.clear()
+    out, store = tmp_path / "eval/base", tmp_path / "store"
+    kill_at = 2
+    with pytest.raises(KeyboardInterrupt):
+        job(out, store)
+    assert calls == [first_seed, second_seed] and [p.name[:2] for p in store.iterdir()] == ["t-"]
+    kept = {f.name: f.read_bytes() for f in out.iterdir() if f.name.startswith("t.")}
+    assert len(kept) == 3
+    for f in out.iterdir():  # Snakemake deletes a failed job's outputs before the retry
+        f.unlink()
+    calls.clear()
+    kill_at = None
+    again = job(out, store)
+    assert calls == [second_seed]  # the first task is not generated again
+    assert not any(store.iterdir())
+    assert [s["pass_at_1"] for s, _ in again] == [s["pass_at_1"] for s, _ in whole]
+    for name, data_bytes in kept.items():
+        assert (out / name).read_bytes() == data_bytes  # the first attempt's files, copied
+    for t in ("t", "u"):
+        assert (out / f"{t}.samples.parquet").read_bytes() == (
+            tmp_path / f"whole/{t}.samples.parquet"
+        ).read_bytes()
+        for suffix in ("json", "kl.json"):
+            mine, theirs = (
+                json.loads(p.read_text()) for p in (out / f"{t}.{suffix}", tmp_path / f"whole/{t}.{suffix}")
+            )
+            assert {k: v for k, v in mine.items() if k != "timing"} == {
+                k: v for k, v in theirs.items() if k != "timing"
+            }
+    # another setting is another key: nothing is restored
+    calls.clear()
+    kill_at = 2
+    with pytest.raises(KeyboardInterrupt):
+        job(out, store)
+    calls.clear()
+    kill_at = None
+    job(out, store, {**EVAL_CFG, "kl_samples": 3})
+    assert calls == [first_seed, second_seed]

@@ -67,6 +67,10 @@ noise of a run's KL, since every run has the same prompts), n_prompts, n_samples
 per_prompt_k1, per_prompt_k3, per_prompt_rb (aligned with prompt_ids), mean_length, truncated_frac,
 timing {sample_s, score_s}. A base run against itself is exactly 0.
 
+Resume: a finished task's files are kept in an ``atomic.ResultStore`` (paths.eval_resume_dir) keyed by its
+input files, settings and code version (``inputs_key``); a retry copies them into place (timing: the first
+attempt's) instead of recomputing the task. The store is removed when the job finishes.
+
 Standard errors are null (not NaN) where undefined (a single problem or prompt); so are the mc vars
 with ``eval.kl_samples`` 1.
 """
@@ -91,12 +95,12 @@ from workflow_scripts.models.generation import Completion, sample_completions
 from workflow_scripts.models.loading import dtype_of, load_pair, load_run_model
 from workflow_scripts.models.modeling import load_tokenizer
 from workflow_scripts.runtime import paths
-from workflow_scripts.runtime.atomic import write_json, write_parquet
+from workflow_scripts.runtime.atomic import ResultStore, inputs_key, write_json, write_parquet
 from workflow_scripts.runtime.eval_matmul import bf16_matmul as eval_bf16_matmul
 from workflow_scripts.runtime.seeds import derive_seed
 from workflow_scripts.runtime.seeds import seeded_subset as kl_prompt_indices
 from workflow_scripts.runtime.smk import main_from
-from workflow_scripts.tasks.rows import Row, read_parquet, read_rows
+from workflow_scripts.tasks.rows import Row, read_json, read_parquet, read_rows
 from workflow_scripts.training.bf16_matmul import bf16_matmul as matmul_context
 from workflow_scripts.training.bf16_matmul import resolve as resolve_matmul
 
@@ -240,6 +244,9 @@ class TaskJob:
     kl_out: str | os.PathLike
     base_samples: str | os.PathLike | None = None
 
+    def files(self) -> dict:  # the outputs, by their names in a ResultStore
+        return {"samples.parquet": self.samples_out, "summary.json": self.summary_out, "kl.json": self.kl_out}
+
 
 def run(
     *,
@@ -275,6 +282,7 @@ def run_tasks(
     threads: int = 1,
     trust_remote_code: bool = False,
     bf16_matmul: str = "auto",
+    resume: dict | None = None,
 ) -> list[tuple[dict, dict]]:
     """The ``evaluate`` rule: one run on one task (``eval.jobs: per_task``) or on every task
     (``per_run``), each task's samples, summary and KL files written atomically when it is done.
@@ -287,7 +295,7 @@ def run_tasks(
     the policy's dtype) the KL reference; a task's ``base_samples`` pair dJ; ``bf16_matmul`` how a bf16
     model's products run (``bf16_matmul.resolve``: auto = emulated on a CPU without bf16 GEMM kernels;
     recorded as ``bf16_matmul`` in both files): the rule and the CLI pass the run's training setting
-    (``runtime.eval_matmul``). Returns [(summary, kl)] in the order of ``tasks``."""
+    (``runtime.eval_matmul``); ``resume``: {dir, code} (module docstring). Returns [(summary, kl)]."""
     startup_s = process_age_s()
     limit_threads(threads)
     reference_run = reference_run or run
@@ -297,6 +305,18 @@ def run_tasks(
     for job in tasks:
         log.info("%s/%s: %d problems x %d samples, seed %d", run, job.task, len(rows[job.task]),
                  eval_cfg["n_samples"], seeds[job.task])  # fmt: skip
+    store = ResultStore(resume["dir"]) if resume else None
+    settings = [eval_cfg, run, reference_run, policy_dtype, reference_dtype, bf16_matmul, threads,
+                resume and resume.get("code")]  # fmt: skip
+    keys, done = {}, {}
+    for job in tasks if store else ():
+        keys[job.task] = inputs_key([*settings, job.task, job.cfg], [model, base, job.data, job.base_samples])
+        if store.restore(job.task, keys[job.task], job.files()):  # finished by an earlier attempt
+            log.info("%s/%s: restored from %s, not recomputed", run, job.task, store.root)
+            done[job.task] = (read_json(job.summary_out), read_json(job.kl_out))
+    if store and len(done) == len(tasks):
+        store.clear(keys)
+        return [done[job.task] for job in tasks]
     start = time.perf_counter()
     tokenizer = load_tokenizer(model, trust_remote_code)
     load_s = time.perf_counter() - start
@@ -307,7 +327,7 @@ def run_tasks(
         with open_engine(
             model, tokenizer, eval_cfg.get("vllm"), policy_dtype, seeds[tasks[0].task], threads
         ) as engine:
-            for job in tasks:
+            for job in (job for job in tasks if not done.get(job.task)):
                 generated[job.task] = generate(
                     model, [r["prompt"] for r in rows[job.task]], eval_cfg, job.cfg["max_new_tokens"],
                     seeds[job.task], trust_remote_code, tokenizer=tokenizer, engine=engine,
@@ -326,6 +346,9 @@ def run_tasks(
               "load_s": load_s, "tasks_in_job": len(tasks), "matmul": matmul if bf16 else None}  # fmt: skip
     results = []
     for job in tasks:
+        if done.get(job.task):
+            results.append(done[job.task])
+            continue
         if job.task not in generated:
             with matmul_context(matmul):
                 generated[job.task] = generate(
@@ -336,6 +359,10 @@ def run_tasks(
         completions, info = generated.pop(job.task)
         results.append(_finish_task(job, rows[job.task], completions, info, seeds[job.task], policy,
                                     reference, tokenizer, eval_cfg, threads, shared))  # fmt: skip
+        if store:
+            store.save(job.task, keys[job.task], job.files())
+    if store:
+        store.clear(keys)
     return results
 
 
@@ -428,6 +455,7 @@ def from_snakemake(smk) -> None:
         threads=smk.threads,
         trust_remote_code=smk.params.trust_remote_code,
         bf16_matmul=smk.params.bf16_matmul,  # the run's training path (runtime/eval_matmul.py)
+        resume={"dir": paths.eval_resume_dir(smk.wildcards.run), "code": smk.params.code},
         **dict(smk.params.reference),
     )
 
@@ -443,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from workflow_scripts.runtime.codehash import code_version
     from workflow_scripts.runtime.config import load_config
 
     config = load_config(args.config)
@@ -461,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     run_tasks(model=paths.model_dir(args.run, res), base=paths.base_model_dir(res), tasks=jobs,
               eval_cfg=config["eval"], run=args.run, threads=args.threads,
               trust_remote_code=config["model"]["trust_remote_code"],
-              bf16_matmul=eval_bf16_matmul(config, args.run), **reference)  # fmt: skip
+              bf16_matmul=eval_bf16_matmul(config, args.run), **reference,
+              resume={"dir": paths.eval_resume_dir(args.run, res), "code": code_version("evaluate")},
+              )  # fmt: skip
     return 0
 
 

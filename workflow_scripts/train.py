@@ -114,7 +114,7 @@ from workflow_scripts.training.ranks import (
     rank_records,
     shard_reference,
 )
-from workflow_scripts.training.run_record import peak_gpu_memory_gb, versions, vllm_record
+from workflow_scripts.training.run_record import peak_gpu_memory, versions, vllm_record
 from workflow_scripts.training.train_health import NonFiniteGuard, assess_health
 
 __all__ = ["from_snakemake", "job_from_config", "main", "read_metrics", "run", "run_or_launch", "train_run"]
@@ -367,7 +367,7 @@ def run(
             "train_seed": stream_seed,
             "repeat": repeat,
             "device": device,
-            "peak_gpu_memory_gb": peak_gpu_memory_gb(),
+            **peak_gpu_memory(),  # peak_gpu_memory_gb (allocated), peak_gpu_memory_reserved_gb
             "vllm": vllm_record(trainer),
             "importance_sampling": importance_sampling_record(args),
             "world_size": world,

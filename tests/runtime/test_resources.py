@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -155,3 +156,25 @@ def test_a_runtime_in_the_config_grows_with_the_attempt_and_none_leaves_the_prof
     attempts = 1 + yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())["retries"]
     total_h = sum(paper["resources"]["train"]["runtime_min"] * k for k in range(1, attempts + 1)) / 60
     assert total_h >= 150  # docs/gpu-and-slurm.md's upper estimate for one fp32 run of config.paper.yaml
+
+
+def test_a_gpu_evaluate_jobs_runtime_is_estimated_from_its_completions_unless_the_config_sets_one(tmp_path):
+    config = validate_config(load_test_config())
+    assert "runtime" not in resources.snakemake_resources(config, "evaluate")  # CPU: the profile's
+    config["resources"]["evaluate"].update(gpus=1, tokens_per_s=100, kl_tokens_per_s=10)
+    config["eval"].update(n_samples=4, kl_prompts=3, kl_samples=2)
+    task = next(iter(config["data"]["tasks"]))
+    config["data"]["tasks"][task]["max_new_tokens"] = 60
+    # by hand: sampling 50 x 4 x 60 x 0.5 = 6000 tokens / 100 = 60 s; KL 3 x 2 x 30 = 180 / 10 = 18 s
+    # (10 + 78 / 60) x 1.5 = 16.95 -> 17 min
+    assert resources.evaluate_minutes(config, {task: 50}) == 17
+    data = tmp_path / f"{task}.jsonl"
+    data.write_text("{}\n" * 50)
+    runtime = resources.snakemake_resources(config, "evaluate")["runtime"]
+    job = SimpleNamespace(data=str(data))
+    assert [runtime(None, job, attempt) for attempt in (1, 2)] == [17, 34]
+    assert runtime(None, SimpleNamespace(data=[str(data)]), 1) == 17  # per_run: a list of files
+    missing = SimpleNamespace(data=[str(tmp_path / "absent.jsonl")])
+    assert runtime(None, missing, 2) == 2 * resources.EVAL_UNKNOWN_MIN  # a dry run before prepare_eval
+    config["resources"]["evaluate"]["runtime_min"] = 240  # the config's own limit wins
+    assert resources.snakemake_resources(config, "evaluate")["runtime"](None, 1) == 240

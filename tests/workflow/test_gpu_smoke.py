@@ -4,7 +4,9 @@ twin: test_gpu_smoke_vllm.py).
 It runs the script a GPU run uses (bench/gpu_smoke.sh -> Snakemake -> bench/gpu_smoke.py) into a
 temporary folder and reads its JSON: every check that does not need CUDA passes (dtypes, autocast,
 determinism, base-vs-base KL, the SIGKILL + resume bit-identity of the fp32 arm), and every GPU-only
-one says "not applicable on CPU", never "pass". The unit tests below show the checks can fail.
+one says "skipped (no GPU)", never "pass", with what could be read (the memory plan per arm, the gap
+of every round and the tokens/s of the HF sampler). The unit tests below show the checks can fail, the
+driver preflight refuses a driver the torch wheel cannot use, and the plan is compared within 15%.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,10 @@ from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-GPU_ONLY = ("device.fp32", "device.bf16", "peak_gpu_memory", "time_budget")
+GPU_ONLY = ("device.fp32", "device.bf16", "peak_gpu_memory", "time_budget", "driver", "engine_start.fp32",
+            "engine_start.bf16", "memory_plan.fp32", "memory_plan.bf16", "vllm_deterministic", "sleep_cycle",
+            "rollout_gap.fp32", "rollout_gap.bf16")  # fmt: skip
+NO_GPU = "skipped (no GPU)"
 VLLM_ONLY = ("vllm_train.fp32", "vllm_train.bf16", "vllm_eval", "vllm_seed.fp32", "vllm_seed.bf16",
              "hf_vs_vllm_pass1")  # fmt: skip
 EVERYWHERE = ("workflow", "dtypes.fp32", "dtypes.bf16", "autocast.fp32", "autocast.bf16",
@@ -86,9 +92,38 @@ def test_cpu_twin_passes_every_check_that_needs_no_gpu(smoke):
 
 def test_gpu_only_checks_say_not_applicable_never_pass(smoke):
     for name in GPU_ONLY:
-        assert smoke["json"]["checks"][name]["status"] == "not applicable on CPU", name
+        assert smoke["json"]["checks"][name]["status"] == NO_GPU, name
     for name in VLLM_ONLY:  # this twin samples with HF; tests/workflow/test_gpu_smoke_vllm.py runs them
         assert smoke["json"]["checks"][name]["status"] == "not applicable without vLLM", name
+
+
+def test_every_check_says_why_and_the_cpu_twin_says_there_is_no_gpu(smoke):
+    checks, out = smoke["json"]["checks"], smoke["proc"].stdout
+    assert all(isinstance(c["reason"], str) and c["reason"] for c in checks.values())
+    assert "no GPU" in out and "built for CUDA" in out  # the preflight's lines
+    assert smoke["json"]["figures"]["device"]["verdict"]["status"] == NO_GPU
+    assert checks["driver"]["value"]["driver"] is None
+
+
+def test_memory_plan_is_printed_per_arm_with_no_measured_peak_on_cpu(smoke):
+    from workflow_scripts.runtime.memory_plan import TRAIN_TERMS
+
+    for arm in ("fp32", "bf16"):
+        value = smoke["json"]["checks"][f"memory_plan.{arm}"]["value"]
+        assert value["measured"] == "no measured GPU peak"
+        assert set(value["plan_gib"]) == {*TRAIN_TERMS, "total"} and value["plan_gib"]["total"] >= 1.0
+        assert f"memory plan {arm} (GiB): weights" in smoke["proc"].stdout
+    assert "measured fp32: no measured GPU peak" in smoke["proc"].stdout  # the tiny model: 1 GiB of context
+
+
+def test_rollout_gap_and_tokens_per_s_are_read_on_cpu_too(smoke):
+    for arm in ("fp32", "bf16"):
+        value = smoke["json"]["checks"][f"rollout_gap.{arm}"]["value"]
+        assert value["engine"] == "hf" and len(value["per_round"]) == 4
+        assert all(r["mean"] is not None for r in value["per_round"])
+        assert value["rollout_tokens_per_s"] > 0 and value["train_tokens_per_s"] > 0
+    for name in ("vllm_deterministic", "sleep_cycle"):  # no engine probe without a GPU
+        assert smoke["json"]["checks"][name]["value"] == {"phase": "not started"}
 
 
 def test_resume_check_killed_resumed_and_compared_weights_that_moved(smoke):
@@ -138,7 +173,7 @@ def test_a_gpu_only_check_is_not_applicable_on_cpu_whatever_its_result():
         report.check("ok", "", lambda: (True, 1), gpu_only=True)
         report.check("bad", "", lambda: (False, 1), gpu_only=True)
         report.check("raises", "", lambda: 1 / 0)
-    assert [cpu.checks[n]["status"] for n in ("ok", "bad")] == ["not applicable on CPU"] * 2
+    assert [cpu.checks[n]["status"] for n in ("ok", "bad")] == [NO_GPU] * 2
     hf, vllm = gs.Report(gpu=True), gs.Report(gpu=False, vllm=True)
     for report in (hf, vllm):
         report.check("engine", "", lambda: (False, 1), vllm_only=True)
@@ -210,3 +245,104 @@ def test_num_kv_heads_must_divide_num_heads():
         ConfigError, match=r"model\.tiny\.num_kv_heads: must divide model\.tiny\.num_heads \(14\)"
     ):
         validate_config(config, source="smoke.yaml", check_files=False)
+
+
+# ------------------------------------------------------------------ device checks, by hand (no GPU needed)
+
+
+def test_driver_preflight_refuses_a_driver_too_old_for_the_torch_wheel(tmp_path, monkeypatch, capsys):
+    gs = load_smoke()
+    checks = gs.checks
+    old = checks.driver_verdict("570.86.15", "13.0", False, "torch 2.13.0")
+    assert old["rc"] == checks.EXIT_DRIVER == 3 and "install NVIDIA driver >= 580" in old["reason"]
+    assert checks.driver_verdict("580.65.06", "13.0", True)["status"] == "pass"
+    assert checks.driver_verdict("535.1", "12.8", True)["status"] == "pass"
+    assert checks.driver_verdict("580.65.06", None, False)["rc"] == 3  # a CPU torch beside a GPU
+    assert checks.driver_verdict("580.65.06", "13.0", False)["rc"] == 3  # torch sees no GPU
+    none = checks.driver_verdict(None, None, False)
+    assert (none["status"], none["rc"]) == (NO_GPU, 0) and "no NVIDIA driver" in none["reason"]
+    info = {"driver": "570.86.15", "torch": "2.13.0", "torch_cuda": "13.0", "cuda_available": False,
+            "verdict": old}  # fmt: skip
+    monkeypatch.setattr(checks, "preflight_info", lambda: info)
+    out = tmp_path / "gpu_smoke.json"
+    assert gs.main(["preflight", "--workdir", str(tmp_path), "--out", str(out)]) == 3
+    report = json.loads(out.read_text())
+    assert report["passed"] is False and report["failed"] == ["driver"]
+    assert "install NVIDIA driver >= 580" in report["checks"]["driver"]["reason"]
+    assert "preflight fail: NVIDIA driver 570.86.15 is too old" in capsys.readouterr().out
+
+
+def test_engine_start_checks_share_sleep_mode_and_kv_tokens():
+    gs = load_smoke()
+    config = gs.load_config(REPO / "config.gpu-smoke.yaml", check_files=False)
+    engine = {"used": True, "platform": "gpu", "gpu_memory_utilization": 0.3, "kv_cache_tokens": 500_000,
+              "max_model_len": 128, "sleep_mode": True}  # fmt: skip
+    assert gs.checks.engine_start(config, {"vllm": engine})[0] is True
+    for change in ({"gpu_memory_utilization": 0.4}, {"sleep_mode": False}, {"platform": "cpu"},
+                   {"kv_cache_tokens": 31 * 128}, {"used": False}):  # fmt: skip
+        assert gs.checks.engine_start(config, {"vllm": {**engine, **change}})[0] is False, change
+
+
+def test_plan_and_measured_peak_agree_within_15_percent(tmp_path):
+    gs = load_smoke()
+    checks = gs.checks
+    plan = {k: 1.0 for k in ("weights", "gradients", "optimizer", "reference", "gathered", "activations",
+                              "logprob_head", "context", "fragmentation", "vllm")}  # fmt: skip
+    plan["total"] = 10.0
+    run_json = tmp_path / "run.json"
+    run_json.write_text("{}")
+    end = run_json.stat().st_mtime
+    stamp = lambda t: time.strftime("%Y/%m/%d %H:%M:%S.000", time.localtime(t))  # noqa: E731
+    log = tmp_path / "gpu_memory.csv"
+    log.write_text(f"{stamp(end - 100)}, 20000, 143771\n{stamp(end - 5)}, 9216, 143771\n"
+                   f"{stamp(end - 3)}, 8192, 143771\n")  # fmt: skip
+    record = {"peak_gpu_memory_gb": 7.0, "peak_gpu_memory_reserved_gb": 7.5, "wall_time_s": 10}
+    peak = checks.measured_peak(record, run_json, str(log))
+    assert peak["device_gib"] == 9.0 and peak["samples"] == 2 and peak["source"] == "device (nvidia-smi)"
+    ok, value, reason = checks.plan_vs_peak(plan, peak)  # 10 vs 9: 11%
+    assert ok and value["relative_difference"] == 0.111 and "within 15%" in reason
+    torch_only = checks.measured_peak(record, run_json, "")
+    assert torch_only["source"] == "torch reserved" and torch_only["peak_gib"] == 7.5
+    ok, value, reason = checks.plan_vs_peak(plan, torch_only)  # 10 - 1 (context) vs 7.5: 20%
+    assert not ok and value["plan_compared_gib"] == 9.0 and "more than 15%" in reason
+    assert checks.plan_vs_peak(plan, None)[1]["measured"] == "no measured GPU peak"
+    assert checks.measured_peak({"peak_gpu_memory_gb": None}, run_json, "") is None
+
+
+def test_rollout_and_training_tokens_per_s_split_from_step_times():
+    gs = load_smoke()
+    config = {"train": {"prompts_per_step": 2, "num_generations": 4}}
+    row = {"rollouts_drawn": 2, "completion_length": 10}
+    steps = ((True, 3.0), (False, 1.0), (True, 5.0), (False, 1.0))
+    metrics = [{**row, "generation_step": g, "step_time_s": t} for g, t in steps]
+    out = gs.checks.throughput(config, metrics)
+    assert out["rollout_s"] == 6.0 and out["rollout_tokens_per_s"] == round(2 * 80 / 6.0, 1)
+    assert out["train_s"] == 4.0 and out["train_tokens_per_s"] == 80.0
+
+
+def test_engine_probe_results_become_two_checks(tmp_path):
+    gs = load_smoke()
+    good = {"phase": "woke", "generated": True, "deterministic_algorithms": True, "identical": True,
+            "freed_gib": 30.5, "identical_after_wake": True}  # fmt: skip
+    found = gs.checks.probe_checks(good, tmp_path / "log")
+    assert found["vllm_deterministic"][0] and found["sleep_cycle"][0]
+    differ = gs.checks.probe_checks({**good, "identical": False, "freed_gib": 0.0}, tmp_path / "log")
+    assert not differ["vllm_deterministic"][0] and not differ["sleep_cycle"][0]
+    crashed = gs.checks.probe_checks({"phase": "start", "deterministic_algorithms": True}, tmp_path / "log")
+    assert not crashed["vllm_deterministic"][0] and "phase 'start'" in crashed["vllm_deterministic"][2]
+
+
+def test_engine_probe_turns_deterministic_algorithms_on_first_and_records_what_broke(tmp_path):
+    """The probe child on a machine where it cannot start an engine (no vLLM, or no model here): it
+    switched deterministic algorithms on before anything else and its JSON says what stopped it."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(twin_config(), sort_keys=False))
+    out = tmp_path / "probe.json"
+    cmd = [sys.executable, str(REPO / "bench" / "gpu_smoke.py"), "engine-probe", "--config", str(config),
+           "--results", str(tmp_path / "results"), "--arm", "fp32", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0
+    result = json.loads(out.read_text())
+    assert result["deterministic_algorithms"] is True and result["dtype"] == "float32" and result["error"]
+    found = load_smoke().checks.probe_checks(result, tmp_path / "log")
+    assert not found["vllm_deterministic"][0] and result["error"][:40] in found["vllm_deterministic"][2]

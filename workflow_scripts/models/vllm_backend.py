@@ -100,9 +100,12 @@ class EvalEngine:
 
 
 def sample_llm(llm, tokenizer, stop_ids: list[int], prompts: list[str], n_samples: int, temperature: float,
-               top_p: float, max_new_tokens: int, seed: int) -> tuple[list[Completion], float]:  # fmt: skip
+               top_p: float, max_new_tokens: int, seed: int,
+               first_index: int = 0) -> tuple[list[Completion], float]:  # fmt: skip
     """``n_samples`` completions per prompt from an open ``vllm.LLM`` (this module's evaluation engine, or
-    the trainer's colocated rollout engine for the held-out curves), prompt-major, and the seconds it took."""
+    the trainer's colocated rollout engine for the held-out curves), prompt-major, and the seconds it took.
+    ``first_index``: ``prompts`` are prompts first_index, first_index + 1, ... of a larger set (one rank's
+    share of the held-out slice): their seeds and ``prompt_index`` are those the whole set would give them."""
     from vllm import SamplingParams
 
     prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
@@ -114,7 +117,7 @@ def sample_llm(llm, tokenizer, stop_ids: list[int], prompts: list[str], n_sample
             temperature=0.0 if greedy else temperature,
             top_p=1.0 if greedy else top_p,
             max_tokens=max_new_tokens,
-            seed=sample_seed(seed, i, n_samples),
+            seed=sample_seed(seed, first_index + i, n_samples),
             stop_token_ids=list(stop_ids),
             repetition_penalty=1.0,
         )
@@ -124,11 +127,13 @@ def sample_llm(llm, tokenizer, stop_ids: list[int], prompts: list[str], n_sample
     requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
     outputs = llm.generate(requests, params, use_tqdm=False)
     seconds = time.perf_counter() - started
-    return _completions(outputs, tokenizer, list(stop_ids), n_samples, per_request, max_new_tokens), seconds
+    completions = _completions(outputs, tokenizer, list(stop_ids), n_samples, per_request, max_new_tokens,
+                               first_index)  # fmt: skip
+    return completions, seconds
 
 
 def _completions(outputs, tokenizer, stop_ids: list[int], n_samples: int, per_request: int,
-                 max_new_tokens: int) -> list[Completion]:  # fmt: skip
+                 max_new_tokens: int, first_index: int = 0) -> list[Completion]:  # fmt: skip
     """vLLM's request outputs as ``Completion`` records (greedy: the one sample repeated n times)."""
     stops = set(stop_ids)
     out: list[Completion] = []
@@ -148,7 +153,7 @@ def _completions(outputs, tokenizer, stop_ids: list[int], n_samples: int, per_re
                 stop = reason if reason in stops else stop_ids[0]
             text = tokenizer.decode(ids, skip_special_tokens=True)
             length = len(ids) + int(stop is not None)
-            out.append(Completion(i, s, text, length, stop is None, tuple(ids), stop))
+            out.append(Completion(first_index + i, s, text, length, stop is None, tuple(ids), stop))
     return out
 
 

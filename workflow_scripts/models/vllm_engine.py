@@ -113,9 +113,17 @@ def model_of(llm):
     return getattr(runner, "model", None)
 
 
+def kv_cache_tokens(cache) -> int | None:
+    """Tokens the engine's KV cache holds (blocks x block size) once it is allocated; None where this
+    process does not see it (a multi-process engine core sets num_gpu_blocks in its own copy)."""
+    blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+    return int(blocks) * int(size) if blocks and size else None
+
+
 def engine_record(llm) -> dict:
     """What the engine really runs: {platform, model_dtype, kv_cache_dtype, lm_head_dtype, settings
-(memory share, KV-cache bytes, max model length, eager, sleep mode), threads (the job's torch pool now)}.
+(memory share, KV-cache bytes, the tokens the KV cache got, max model length, eager, sleep mode),
+threads (the job's torch pool now)}.
 
     Read from the engine's own config (``llm_engine.vllm_config``; vLLM 0.30 has no ``cache_config`` on
     the engine) and, where the model is in this process, from its LM-head weight. ``kv_cache_dtype``
@@ -139,6 +147,7 @@ def engine_record(llm) -> dict:
         "lm_head_dtype": head,
         "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
         "kv_cache_memory_bytes": config.cache_config.kv_cache_memory_bytes,
+        "kv_cache_tokens": kv_cache_tokens(config.cache_config),
         "max_model_len": config.model_config.max_model_len,
         "enforce_eager": bool(config.model_config.enforce_eager),
         "sleep_mode": bool(getattr(config.model_config, "enable_sleep_mode", False)),

@@ -4,11 +4,16 @@ Every stage writes through these helpers (temp file in the same directory, fsync
 killed job can never leave a half-written file that Snakemake or a later stage mistakes for output.
 (The directory is not fsynced: a rename lost in a power cut leaves the old state, never a torn file.)
 Reading them back, with the path in every error: ``rows``.
+
+``ResultStore``: finished results kept OUTSIDE a job's declared outputs (Snakemake deletes those before
+a retry), under a key of what decides them (``inputs_key``), and copied into place atomically; the
+evaluate job's per-task resume (``evaluate.run_tasks``), as train's checkpoints are its resume.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -78,6 +83,76 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+HASHED_BYTES = 64 * 2**20  # files up to this size are keyed by content, larger ones by (size, mtime)
+
+
+def file_signature(path: str | os.PathLike) -> list:
+    """What a key sees of a file or a folder's files: name and sha256 of the content up to HASHED_BYTES,
+    beyond it (model weights) name, size and mtime (a retry of the same inputs leaves them untouched; a
+    rewritten file changes them)."""
+    path = Path(path)
+    if path.is_dir():
+        files = [f for f in sorted(path.rglob("*")) if f.is_file()]
+        return [[*file_signature(f), str(f.relative_to(path))] for f in files]
+    if not path.is_file():
+        return [path.name, None]
+    stat = path.stat()
+    if stat.st_size > HASHED_BYTES:
+        return [path.name, stat.st_size, stat.st_mtime_ns]
+    return [path.name, hashlib.sha256(path.read_bytes()).hexdigest()]
+
+
+def inputs_key(settings: Any, files: Iterable[str | os.PathLike | None]) -> str:
+    """A hash of ``settings`` (JSON-able), the signatures of ``files`` (None: no file) and the versions of
+    the numeric stack (torch, transformers, vllm: an upgrade changes the numbers)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for name in ("torch", "transformers", "vllm"):
+        with contextlib.suppress(PackageNotFoundError):
+            versions[name] = version(name)
+    signatures = [None if f is None else file_signature(f) for f in files]
+    blob = json.dumps([settings, signatures, versions], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+class ResultStore:
+    """Finished results by (name, key) under ``root``: ``save`` copies a result's files into
+    ``root/<name>-<key>/`` as a whole (``atomic_dir``: the folder exists only complete, replacing any
+    older key's folder of that name), ``restore`` copies them onto the job's outputs one by one
+    (``atomic_path``) and says whether it could; ``clear`` removes a job's entries once it is done (only
+    its own: the per-task jobs of one run share a root)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def _entry(self, name: str, key: str) -> Path:
+        return self.root / f"{name}-{key}"
+
+    def save(self, name: str, key: str, files: dict[str, str | os.PathLike]) -> None:
+        for stale in self.root.glob(f"{name}-*"):
+            if stale.is_dir() and stale.name != f"{name}-{key}":
+                shutil.rmtree(stale, ignore_errors=True)
+        with atomic_dir(self._entry(name, key)) as tmp:
+            for label, source in files.items():
+                shutil.copyfile(source, tmp / label)
+                _fsync(tmp / label)
+
+    def restore(self, name: str, key: str, files: dict[str, str | os.PathLike]) -> bool:
+        entry = self._entry(name, key)
+        if not all((entry / label).is_file() for label in files):
+            return False
+        for label, target in files.items():
+            with atomic_path(target, suffix=Path(target).suffix) as tmp:
+                shutil.copyfile(entry / label, tmp)
+        return True
+
+    def clear(self, names: Iterable[str]) -> None:
+        for name in names:
+            for entry in self.root.glob(f"{name}-*"):
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _fsync(path: Path) -> None:

@@ -3,9 +3,9 @@ to start and to generate, from the config alone.
 
 Computed before any job (the config check of ``snakemake -n``), so a config that cannot fit is refused in
 seconds, not hours into a queue. Every term is an estimate of the largest allocation of its kind, summed
-(the peaks of different phases do not all coincide: the sum is an upper bound by design). It has not yet
-been compared with a measured peak: the GPU smoke check records the train job's peak
-(``peak_gpu_memory_gb``) but does not read this plan. The device's usable memory is what it reports
+(the peaks of different phases do not all coincide: the sum is an upper bound by design). The GPU smoke
+check (bench/gpu_smoke.py, ``memory_plan.<arm>``) compares it with each arm's measured peak, within 15%;
+it has not yet run on a GPU. The device's usable memory is what it reports
 (``gpu.reported_gib``, ~0.99 x the nominal size: 79.2 GiB on an "80 GB" card), not its nominal size.
 
 The train job, per GPU (P parameters, p param bytes, c compute bytes, G = processes under FSDP else 1):

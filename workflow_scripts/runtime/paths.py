@@ -207,6 +207,11 @@ def eval_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:
     return _r(results) / "eval" / run
 
 
+def eval_resume_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:
+    """Outside the evaluate outputs: the finished tasks of a job that a retry must not redo."""
+    return _r(results) / "resume" / "evaluate" / run
+
+
 def eval_summary(run: str, task: str, results: str | os.PathLike = RESULTS) -> Path:
     return eval_dir(run, results) / f"{task}.json"
 

@@ -16,17 +16,31 @@ One place turns the config's ``resources:`` section (schema: ``schemas/config.sc
 
 The train job's threads are at least its training processes (``train.distributed.processes``, or one per
 GPU when that is null): every process of a multi-process run needs a core of its own.
+
+A GPU evaluate job without ``runtime_min`` gets an estimate (``evaluate_minutes``), made when the job is
+submitted, from its tasks' problem counts (lines of its eval data files; before they exist, in a dry
+run, the profile's 60 min): sampling tokens = problems x ``eval.n_samples`` x max_new_tokens x
+EVAL_MEAN_LENGTH at ``resources.evaluate.tokens_per_s``, plus KL tokens = min(problems,
+``eval.kl_prompts``) x ``eval.kl_samples`` x max_new_tokens x EVAL_MEAN_LENGTH at ``kl_tokens_per_s``
+(the HF sampler and two teacher-forced models), plus EVAL_STARTUP_MIN, times EVAL_MARGIN. The rates are
+assumptions, not measurements: set them from a run's own ``completions_per_s`` (its {task}.json timing),
+or set ``runtime_min``, which always wins. A retried job resumes per task (``evaluate.run_tasks``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
 from workflow_scripts.training.launch import resolve_processes
 
 KEYS = ("gpus", "cpus", "mem_mb")
 DEFAULT = "default"
+EVAL_STARTUP_MIN = 10  # vLLM engine start (compile, CUDA graphs), policy and base loads
+EVAL_MEAN_LENGTH = 0.5  # mean completion / max_new_tokens: most answers end in half the budget
+EVAL_MARGIN = 1.5
+EVAL_UNKNOWN_MIN = 60  # the eval data do not exist yet (a dry run): the SLURM profile's default
 
 
 def rule_resources(config: Mapping, rule: str) -> dict[str, int]:
@@ -69,7 +83,39 @@ def snakemake_resources(config: Mapping, rule: str) -> dict:
     minutes = (config["resources"].get(rule) or {}).get("runtime_min")
     if minutes:
         out["runtime"] = runtime(int(minutes))
+    elif rule == "evaluate" and res["gpus"] > 0:
+        out["runtime"] = evaluate_runtime(config)
     return out
+
+
+def evaluate_minutes(config: Mapping, problems: Mapping[str, int]) -> int:
+    """One attempt's minutes for an evaluate job of ``problems`` (task -> problem count; the module
+    docstring gives the formula and its assumptions)."""
+    ev, tasks, res = config["eval"], config["data"]["tasks"], config["resources"]["evaluate"]
+    sample = kl = 0.0
+    for task, n in problems.items():
+        length = tasks[task]["max_new_tokens"] * EVAL_MEAN_LENGTH
+        sample += n * ev["n_samples"] * length
+        kl += min(n, ev["kl_prompts"]) * ev["kl_samples"] * length
+    seconds = sample / res["tokens_per_s"] + kl / res["kl_tokens_per_s"]
+    return math.ceil(EVAL_MARGIN * (EVAL_STARTUP_MIN + seconds / 60))
+
+
+def evaluate_runtime(config: Mapping):
+    """The evaluate job's ``runtime`` resource: ``evaluate_minutes`` of its eval data files x attempt."""
+
+    def per_attempt(wildcards, input, attempt: int) -> int:  # input: Snakemake passes it by this name
+        files = [input.data] if isinstance(input.data, str) else list(input.data)
+        try:
+            problems = {}
+            for file in files:
+                with open(file, encoding="utf-8") as fh:
+                    problems[Path(file).stem] = sum(1 for line in fh if line.strip())
+        except FileNotFoundError:
+            return EVAL_UNKNOWN_MIN * attempt
+        return evaluate_minutes(config, problems) * attempt
+
+    return per_attempt
 
 
 def runtime(minutes: int):

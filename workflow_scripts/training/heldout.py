@@ -16,8 +16,20 @@ same summary (``eval_summary.summarize``: SE, eval-noise variance, per-problem c
   accelerate's autocast wrapper of the forward is set aside while it samples, ``as_evaluated``), under the
   arm's bf16 product path (the callback runs inside the trainer's ``bf16_matmul`` context); with
   ``train.use_vllm`` the trainer's colocated engine, after a weight sync (``_sample_vllm``), as the
-  rollouts are drawn. FSDP: every rank samples in ``generation.lockstep`` (rank 0 writes); DDP with the
-  HF sampler: rank 0 alone.
+  rollouts are drawn.
+- Ranks. With the colocated vLLM engine the slice is split: every engine (``world / tensor_parallel_size``
+  of them; the ranks of one tensor-parallel group share one and send it the same requests) samples a
+  contiguous share of each task's problems (``engine_share``), seeded as the whole slice would seed those
+  problems (``vllm_backend.sample_llm``'s ``first_index``: prompt i draws from streams seed + i*n + j
+  whoever samples it), the first rank of each group scores its share, and rank 0 gathers the scored
+  samples (``gather_shares``) and summarizes them: the same lines as one process writes (up to the
+  engine's own batch-dependent numerics, as on one rank; generate_s and score_s are the slowest
+  share's), at 1/engines of the work. The HF sampler is
+  not split. Under FSDP every rank must run the same forwards (each all-gathers the shards for every
+  forward, and how many forwards a decode takes depends on its draws): every rank samples the whole slice
+  in ``generation.lockstep``, decoding rank 0's tokens (rank 0 writes). And the HF sampler's draws depend
+  on the batch a sample is drawn in (one seeded generator over length-sorted batches), so a share drawn
+  on another rank would not give one process's numbers: with DDP rank 0 alone samples.
 - Resume: the live file sits in the checkpoint folder; a resumed run keeps its lines up to the
   checkpoint's step (``metrics_log.truncate_metrics``) and continues; step 0 is measured only by a run
   that starts at step 0.
@@ -32,6 +44,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import torch
 from transformers import TrainerCallback
 
@@ -47,6 +60,32 @@ LINE_KEYS = (
     "eval_noise_var", "n_problems", "n_samples", "sampling_seed", "backend", "dtype", "phase", "problem_ids",
     "correct_counts", "generate_s", "score_s",
 )  # fmt: skip
+
+
+def engine_share(rank: int, world: int, tensor_parallel: int = 1) -> tuple[int, int, bool]:
+    """(engines, this rank's engine, whether it leads its engine's tensor-parallel group): TRL groups
+    ranks [0, tp), [tp, 2tp), ... around one colocated engine each."""
+    tp = max(1, int(tensor_parallel))
+    if world % tp:
+        raise ValueError(f"tensor_parallel_size {tp} does not divide the world size {world}")
+    return world // tp, rank // tp, rank % tp == 0
+
+
+def share_bounds(n: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, stop) of share ``index`` of ``n`` items in ``parts`` contiguous shares, the first n % parts
+    one longer; shares past n are empty."""
+    size, extra = divmod(n, parts)
+    start = index * size + min(index, extra)
+    return start, start + size + (index < extra)
+
+
+def gather_shares(piece, group=None) -> list | None:
+    """Every rank's ``piece`` on rank 0, in rank order (None elsewhere): a collective."""
+    import torch.distributed as dist
+
+    gathered = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
+    dist.gather_object(piece, gathered, dst=0, group=group)
+    return gathered
 
 
 def heldout_slices(spec: dict, data_dir: Path) -> dict[str, list[Row]]:
@@ -113,13 +152,15 @@ class HeldOutCurves(TrainerCallback):
         return bool(getattr(self.trainer, "use_vllm", False))
 
     def measure(self, model, step: int) -> None:
-        """Every task's J at ``step``: sampled (every rank that must), scored and written by rank 0."""
+        """Every task's J at ``step``: sampled (every rank that must, each its share when split), scored
+        and written by rank 0."""
         self.measured.add(step)
         vllm = self._uses_vllm()
         if not (self.is_main or self.sharded or vllm):  # DDP, HF sampler: rank 0 alone samples
             return
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         was_training = model.training
+        parts, index, scorer = self._share() if vllm else (1, 0, self.is_main)
         lines = []
         with torch.random.fork_rng(devices=devices), self._together(model), as_evaluated(model, self.probe):
             if vllm:
@@ -127,11 +168,22 @@ class HeldOutCurves(TrainerCallback):
             for task, rows in self.slices.items():
                 cfg = self.spec["tasks"][task]
                 seed = derive_seed(self.spec["seed"], self.run["stream"], task, "heldout", step)
+                first, stop = share_bounds(len(rows), parts, index)
                 start = time.perf_counter()
-                completions, dtype = self._sample(model, [r["prompt"] for r in rows], cfg, seed)
+                completions, dtype = self._sample(model, [r["prompt"] for r in rows[first:stop]], cfg, seed,
+                                                  first)  # fmt: skip
                 generate_s = time.perf_counter() - start
+                piece = None
+                if scorer and completions:
+                    start = time.perf_counter()
+                    samples = self._score(task, cfg, rows, completions)
+                    piece = (samples, generate_s, time.perf_counter() - start)
+                if parts > 1:
+                    pieces = [p for p in gather_shares(piece) or [] if p is not None]
+                    piece = pieces and (pd.concat([p[0] for p in pieces], ignore_index=True),
+                                        max(p[1] for p in pieces), max(p[2] for p in pieces))  # fmt: skip
                 if self.is_main:
-                    lines.append(self._line(step, task, cfg, rows, completions, seed, dtype, generate_s))
+                    lines.append(self._line(step, task, cfg, seed, dtype, *piece))
         model.train(was_training)
         if vllm:
             self._sleep_vllm()
@@ -142,6 +194,15 @@ class HeldOutCurves(TrainerCallback):
             log.info(
                 "held-out step %d: %s", step, ", ".join(f"{x['task']} {x['pass_at_1']:.3f}" for x in lines)
             )
+
+    def _share(self) -> tuple[int, int, bool]:
+        """(engines, this rank's engine, whether this rank scores its engine's share): the vLLM split."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return 1, 0, True
+        tp = getattr(self.trainer.vllm_generation, "tensor_parallel_size", 1)
+        return engine_share(dist.get_rank(), dist.get_world_size(), tp)
 
     def _together(self, model):
         if not self.sharded or self._uses_vllm():
@@ -157,7 +218,7 @@ class HeldOutCurves(TrainerCallback):
 
         return agreed_memory_budget_gb(next(model.parameters()).device)
 
-    def _sample(self, model, prompts: list[str], cfg: dict, seed: int):
+    def _sample(self, model, prompts: list[str], cfg: dict, seed: int, first: int = 0):
         spec = self.spec
         common = {"n_samples": spec["samples"], "temperature": spec["temperature"], "top_p": spec["top_p"],
                   "max_new_tokens": cfg["max_new_tokens"], "seed": seed}  # fmt: skip
@@ -167,7 +228,9 @@ class HeldOutCurves(TrainerCallback):
 
             llm = self.trainer.vllm_generation.llm
             stops = stop_token_ids(model, self.tokenizer)
-            completions, _ = sample_llm(llm, self.tokenizer, stops, prompts, **common)
+            completions = []
+            if prompts:  # a share past the slice's end (more engines than problems) samples nothing
+                completions, _ = sample_llm(llm, self.tokenizer, stops, prompts, **common, first_index=first)
             return completions, self.trainer.vllm_engine_args.get("model_dtype")  # engine_record's
         from workflow_scripts.models.generation import sample_completions
 
@@ -189,11 +252,12 @@ class HeldOutCurves(TrainerCallback):
             generation.llm.sleep(level=2)
             generation._llm_weights_sleeping = True
 
-    def _line(self, step: int, task: str, cfg: dict, rows: list[Row], completions, seed: int, dtype: str,
-              generate_s: float) -> dict:  # fmt: skip
-        start = time.perf_counter()
-        samples = score(rows, completions, cfg["kind"], self.spec, workers=self.workers, run=self.run["run"],
-                        task=task, settings=cfg.get("verifier"))  # fmt: skip
+    def _score(self, task: str, cfg: dict, rows: list[Row], completions):
+        return score(rows, completions, cfg["kind"], self.spec, workers=self.workers, run=self.run["run"],
+                     task=task, settings=cfg.get("verifier"))  # fmt: skip
+
+    def _line(self, step: int, task: str, cfg: dict, seed: int, dtype: str, samples, generate_s: float,
+              score_s: float) -> dict:  # fmt: skip
         summary = summarize(samples, self.spec["samples"])
         line = {
             "run": self.run["run"],
@@ -216,7 +280,7 @@ class HeldOutCurves(TrainerCallback):
             "problem_ids": [str(i) for i in summary["problem_ids"]],
             "correct_counts": summary["correct_counts"],
             "generate_s": round(generate_s, 3),
-            "score_s": round(time.perf_counter() - start, 3),
+            "score_s": round(score_s, 3),
         }
         return finite(line)
 

@@ -1,5 +1,6 @@
-"""What run.json records about where a training run ran: package versions, peak GPU memory, and the
-vLLM engine as TRL built it (read from the trainer, not the config: what ran, not what was asked)."""
+"""What run.json records about where a training run ran: package versions, peak GPU memory (allocated and
+reserved), and the vLLM engine as TRL built it (read from the trainer, not the config: what ran, not what
+was asked)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,22 @@ def peak_gpu_memory_gb() -> float | None:
     if not torch.cuda.is_available():
         return None
     return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def peak_gpu_memory_reserved_gb() -> float | None:
+    """Peak GiB the PyTorch allocator reserved from the device (its allocated peak + cached, split blocks):
+    what the memory plan's fragmentation term estimates. Not the CUDA context or memory outside torch."""
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_reserved() / 2**30, 3)
+
+
+def peak_gpu_memory() -> dict:
+    """run.json's two peaks (GiB; null on CPU): allocated and reserved by the PyTorch allocator."""
+    return {
+        "peak_gpu_memory_gb": peak_gpu_memory_gb(),
+        "peak_gpu_memory_reserved_gb": peak_gpu_memory_reserved_gb(),
+    }
 
 
 def vllm_record(trainer) -> dict:
