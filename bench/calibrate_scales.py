@@ -2,7 +2,7 @@
 of planted seed effects of each form.
 
 The verdicts read the off-task seed variance on two scales: absolute (dJ, KL) and matched drift
-(dJ / sqrt(KL) of the same run and task, log KL; ``scopes.DRIFT_SCALES``). This script checks both on a
+(dJ / sqrt(the arm's mean KL on the task), log KL; ``scopes.DRIFT_SCALES``). This script checks both on a
 real metrics table, by the analysis's own model and rule (``verdicts.verdict_variance``):
 
 - null: runs that compute the same thing (``--arm DIR:PRECISION``, repeatable, e.g. the default's fp32 and
@@ -43,7 +43,7 @@ from workflow_scripts.statistics import verdicts as vd  # noqa: E402
 
 SCALES = {  # quantity of the model -> (what the verdict calls it, column it plants into)
     "dJ": "off-task dJ",
-    "dJ_drift": "off-task dJ / sqrt(KL)",
+    "dJ_drift": "off-task dJ / sqrt(arm's KL)",
     "kl": "off-task KL",
     "log_kl": "off-task log KL",
 }
@@ -83,6 +83,7 @@ def split_rows(pool: pd.DataFrame, rng: np.random.Generator, n: int) -> pd.DataF
     label = {u: ("A" if j < n else "B") for j, u in enumerate(chosen)}
     rows = pool[pool["unit"].isin(chosen)].copy()
     rows["precision"], rows["seed"] = rows["unit"].map(label), rows["unit"]
+    stats._drift_scales(rows)  # the dJ scale's divisor is the (relabelled) arm's mean KL
     return rows
 
 
@@ -93,7 +94,7 @@ def rate(got: list[str]) -> str:
     return f"{k}/{n} = {k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def twin_table(folder: Path) -> list[tuple[str, str, str, str]]:
+def twin_table(folder: Path, scales: list[str] | None = None) -> list[tuple[str, str, str, str]]:
     """(reference, arm, scale, verdict) of every ordered pair of the folder's fp32 arms (reference and
     twins: arms with no factor but their seeds), as the analysis computes one comparison."""
     rows = stats._prepare(pd.read_parquet(folder / "analysis" / "metrics.parquet"), [])[0]
@@ -102,7 +103,7 @@ def twin_table(folder: Path) -> list[tuple[str, str, str, str]]:
     out = []
     for ref, arm in itertools.permutations(arms, 2):
         sub = rows[rows["precision"].isin([ref, arm])]
-        for q in SCALES:
+        for q in scales or SCALES:
             out.append((ref, arm, q, outcome(sub, q, ref, arm, f"twins/{ref}/{arm}/{q}")))
     return out
 
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, default=4.0, help="planted variance ratio")
     parser.add_argument("--twins", type=Path, help="a results dir of config.twins.yaml")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scales", nargs="*", choices=list(SCALES), help="only these (default: all)")
     parser.add_argument(
         "--bootstrap",
         type=int,
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         got: dict[str, list[str]] = {}
         for i in range(args.splits):
             rows = split_rows(pool, rng, args.seeds)
-            for q in SCALES:
+            for q in args.scales or SCALES:
                 got.setdefault(f"null {q}", []).append(outcome(rows, q, "B", "A", f"null/{q}/{i}"))
                 for form in FORMS:
                     planted = plant(rows, sc.MODEL_QUANTITIES[q][0], args.ratio, form)
@@ -147,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {case} | {SCALES[q]} | {rate(outcomes)} |")
         record["splits"] = got
     if args.twins:
-        table = twin_table(args.twins)
+        table = twin_table(args.twins, args.scales)
         print("\n| scale | twin pairs called larger | pairs |\n|---|---|---|")
-        for q in SCALES:
+        for q in args.scales or SCALES:
             got_q = [v for _, _, s, v in table if s == q]
             hits = [f"{a} vs {r}" for r, a, s, v in table if s == q and v == "supported"]
             print(f"| {SCALES[q]} | {rate(got_q)} | {', '.join(hits) or '-'} |")

@@ -529,8 +529,12 @@ class _Named(dict):
     __getattr__ = dict.__getitem__
 
 
-def test_the_rule_passes_the_arms_bf16_matmul_and_the_evaluation_records_that_path(tiny, tmp_path):
+def test_the_rule_passes_the_arms_bf16_matmul_and_the_evaluation_records_that_path(
+    tiny, tmp_path, monkeypatch
+):
     from workflow_scripts.evaluate import from_snakemake
+
+    monkeypatch.chdir(tmp_path)  # the job's resume store lies under the working directory's results/
     from workflow_scripts.runtime import eval_matmul, paths
     from workflow_scripts.training.bf16_matmul import resolve
 
@@ -546,7 +550,7 @@ def test_the_rule_passes_the_arms_bf16_matmul_and_the_evaluation_records_that_pa
         output=_Named(samples=str(out / "s.parquet"), summary=str(out / "s.json"), kl=str(out / "kl.json")),
         params=_Named(eval=EVAL_CFG, tasks={"t": {"kind": "integer", "role": "on_task", "max_new_tokens": 4}},
                       reference=paths.reference_spec(config, "bf16-s1"), trust_remote_code=False,
-                      bf16_matmul=eval_matmul.bf16_matmul(config, "bf16-s1")),
+                      bf16_matmul=eval_matmul.bf16_matmul(config, "bf16-s1"), code="test"),
         wildcards=_Named(run="bf16-s1", task="t"),
         threads=1,
     )  # fmt: skip

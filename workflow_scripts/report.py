@@ -184,7 +184,7 @@ def verdict_section(stats: Mapping) -> str:
         "Findings: larger (the rule's 'supported'), smaller (the ratio's interval lies below 1), not larger "
         "than r0 (below r0 but containing 1), equivalent / mean lower / mean higher (H1), inconclusive. "
         "Verdicts are decided on the absolute scale; 'at matched drift' is the same rule on a scale that "
-        "does not reward moving less (H2: dJ / sqrt(KL) of the same run and task; H3: log KL; the null "
+        "does not reward moving less (H2: dJ / sqrt(the arm's mean KL on the task); H3: log KL; the null "
         "twin's ratio on that scale after it), and a disagreement of the two is flagged (⚠). 'null twin': "
         "the negative control's ratio on the same comparison (what an arm that differs only by its seeds "
         "gets). 'larger' must survive Holm's correction over the arms compared with the reference, on "

@@ -159,13 +159,16 @@ def _prepare(
 
 
 def _drift_scales(rows: pd.DataFrame) -> None:
-    """The matched-drift columns (``scopes.DRIFT_SCALES``): log KL and dJ / sqrt(KL) with their eval noise
-    by the delta method; NaN where KL is missing or not positive (that scale is then not compared)."""
+    """The matched-drift columns (``scopes.DRIFT_SCALES``): log KL with its eval noise by the delta method,
+    and dJ / sqrt(the arm's mean KL on that task) (one divisor per arm and task, not per run: a run's own
+    small KL would turn its dJ into an outlier); NaN where KL is missing or not positive (that scale is
+    then not compared). Recompute after relabelling arms (the divisor is the arm's)."""
     kl = rows["kl"].where(rows["kl"] > 0)
     rows["log_kl"] = np.log(kl)
     rows["log_kl_var"] = rows["kl_var"] / kl**2
-    rows["dJ_drift"] = rows["dJ"] / np.sqrt(kl)
-    rows["dJ_drift_var"] = rows["noise"] / kl + rows["dJ"] ** 2 * rows["kl_var"] / (4 * kl**3)
+    drift = kl.groupby([rows["precision"], rows["task"]]).transform("mean")
+    rows["dJ_drift"] = rows["dJ"] / np.sqrt(drift)
+    rows["dJ_drift_var"] = rows["noise"] / drift
 
 
 def analyze(

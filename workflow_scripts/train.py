@@ -78,7 +78,11 @@ from workflow_scripts.training.grpo_config import (
     tracking_env,
     world_size_from_env,
 )
-from workflow_scripts.training.grpo_trainer import make_trainer_class, rollout_dtype
+from workflow_scripts.training.grpo_trainer import (
+    check_chunked_logprob_head,
+    make_trainer_class,
+    rollout_dtype,
+)
 from workflow_scripts.training.heldout import HeldOutCurves, check_heldout, heldout_record, heldout_slices
 from workflow_scripts.training.heldout_spec import HELDOUT_FILE, heldout_spec, without_heldout
 from workflow_scripts.training.launch import launch_training
@@ -315,6 +319,7 @@ def run(
         if curves:
             curves.trainer = trainer  # its colocated vLLM engine, when it has one
         trainer.remove_callback(PrinterCallback)
+        check_chunked_logprob_head(trainer)  # the memory plan's log-prob head, before any step
         check_distribution(trainer.accelerator, train_cfg, world)
         probe = AutocastProbe(trainer.model)
         if curves:

@@ -162,3 +162,21 @@ def test_the_summary_of_a_real_analysis_reads_its_numbers_from_stats():
     report_md = summary.arms_section(out) + summary.decomposition_section(out)
     assert "| **bf16_drop** | bundle | bf16 round-to-nearest |" in report_md
     assert "| interaction | bf16_drop − (bf16 + fp32_drop) + 1 x fp32 |" in report_md
+
+
+def test_a_largest_effect_whose_interval_contains_zero_is_said_to_be_none():
+    s = base_stats()
+    s["decomposition"] = {
+        "status": "ok",
+        "reference": "fp32",
+        "main_effects": {
+            "bf16_sr": {
+                "effect": ARMS["bf16_sr"]["effects"][0],
+                "on_task_dJ": {"status": "ok", "mean": -0.002, "ci": [-0.008, 0.003], "p": 0.4},
+            }
+        },
+        "bundles": {},
+    }
+    (largest,) = [x for x in sentences(s) if x.startswith("The largest on-task effect")]
+    assert "bf16_sr's: dJ -0.002 [-0.008, 0.003]" in largest
+    assert "its interval contains 0: no arm changes the on-task mean detectably" in largest

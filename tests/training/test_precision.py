@@ -37,13 +37,12 @@ def default_config() -> dict:
 def test_modes_from_default_config(default_config):
     fp32 = mode_from_config(default_config, "fp32")
     bf16 = mode_from_config(default_config, "bf16")
+    bundle = mode_from_config(default_config, "bf16_drop")
     assert (fp32.param_dtype, fp32.autocast, fp32.deterministic, fp32.dropout) == ("float32", None, True, 0.0)
-    assert (bf16.param_dtype, bf16.autocast, bf16.deterministic, bf16.dropout) == (
-        "bfloat16",
-        None,
-        False,
-        0.1,
-    )
+    bf16_factors = (bf16.param_dtype, bf16.autocast, bf16.deterministic, bf16.dropout)
+    assert bf16_factors == ("bfloat16", None, True, 0.0)
+    assert (bundle.param_dtype, bundle.dropout, bundle.rounding) == ("bfloat16", 0.1, "nearest")
+    assert mode_from_config(default_config, "bf16_sr").rounding == "stochastic"
     assert fp32.torch_param_dtype is torch.float32 and bf16.torch_param_dtype is torch.bfloat16
     with pytest.raises(PrecisionError, match="unknown precision"):
         mode_from_config(default_config, "fp8")

@@ -30,15 +30,15 @@ QUANTITIES = {"dJ": ("dJ", "noise"), "kl": ("kl", "kl_var")}
 # The matched-drift scales (``stats._prepare`` makes their columns; the mixed model only): an arm that
 # drifts less also varies less in absolute terms, so beside the absolute seed variance the verdicts read
 # one that does not reward moving less. KL's: the seed variance of log KL (an arm whose every seed drifts
-# a tenth as far has the same log-scale spread); dJ's: dJ per unit of drift, dJ / sqrt(KL) of the same run
-# and task (dJ scales with the parameter displacement, KL with its square). Eval noise by the delta method.
+# a tenth as far has the same log-scale spread); dJ's: dJ per unit of drift, dJ / sqrt(the arm's mean KL on
+# the task) (dJ scales with the parameter displacement, KL with its square). Eval noise by the delta method.
 DRIFT_SCALES = {"dJ": "dJ_drift", "kl": "log_kl"}
 MODEL_QUANTITIES = {
     **QUANTITIES,
     "log_kl": ("log_kl", "log_kl_var"),
     "dJ_drift": ("dJ_drift", "dJ_drift_var"),
 }
-SCALE_NAMES = {"dJ": "absolute", "kl": "absolute", "log_kl": "log KL", "dJ_drift": "dJ / sqrt(KL)"}
+SCALE_NAMES = {"dJ": "absolute", "kl": "absolute", "log_kl": "log KL", "dJ_drift": "dJ / sqrt(arm's KL)"}
 # Quantities the mixed model compares in units of each task's spread: the model has one seed x task
 # variance for all of a role's tasks, and KL's scale differs by 1000x between tasks (default run: mcq
 # 3e-4 nats, chain 0.36), so in nats the smallest task pins the common variance at 0 (measured: fp32's

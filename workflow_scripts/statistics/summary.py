@@ -113,6 +113,8 @@ def largest_effect_sentence(stats: Mapping) -> str | None:
         text += f"; taken apart: {'; '.join(parts)}; interaction {_effect(inter)}: {carrier} and {added}"
     elif arm in (dec.get("main_effects") or {}):
         text += f", from {dec['main_effects'][arm]['effect']} alone"
+    if c["ci"][0] < 0 < c["ci"][1]:
+        text += " (its interval contains 0: no arm changes the on-task mean detectably)"
     return text + "."
 
 

@@ -263,7 +263,8 @@ RULES = {
     "larger of their p survives Holm's correction over the arms compared with the same reference (a "
     "control is judged as one more arm of that family); contradicted iff the (1-alpha) CI is below r0 "
     "(finding 'smaller' where it is below 1, else 'not larger than r0'); else inconclusive. Decided on "
-    "the absolute scale; the matched-drift scale (dJ / sqrt(KL) of the same run and task) is read beside it",
+    "the absolute scale; the matched-drift scale (dJ / sqrt(the arm's mean KL on the task)) is read "
+    "beside it",
     "H3": "off-task KL: the H2 rule (matched-drift scale: log KL); the on-task KL ratio is reported beside "
     "it",
 }
@@ -374,7 +375,7 @@ def _corrected(v: str, why: str, adjusted: float | None, m: int, alpha: float) -
     )
 
 
-DRIFT_SCALE = {"H2": ("dJ_drift", "off-task dJ / sqrt(KL)"), "H3": ("log_kl", "off-task log KL")}
+DRIFT_SCALE = {"H2": ("dJ_drift", "off-task dJ / sqrt(arm's KL)"), "H3": ("log_kl", "off-task log KL")}
 DRIFT_KEYS = tuple(key for key, _ in DRIFT_SCALE.values())
 
 

@@ -373,7 +373,6 @@ def make_trainer_class(
             with vllm_engine_args(vllm_dtype, run_seed, settings) as engine_args:
                 super().__init__(*args, **kwargs)
             self.vllm_engine_args = engine_args  # what the colocated engine was built with (run.json)
-            check_chunked_logprob_head(self)  # the memory plan's log-prob head, before any step
             if getattr(self, "use_vllm", False):
                 generation = self.vllm_generation
                 if engine_args.get("platform") == "cpu":
