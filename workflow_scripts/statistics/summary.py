@@ -249,17 +249,12 @@ def arms_section(stats: Mapping) -> str:
         cells = [d.get(k, "n/a") for k in ("masters", "compute", "sampler", "dropout", "deterministic",
                                            "optimizer", "seeds")]  # fmt: skip
         rows.append([f"**{arm}**", kind, *cells, "; ".join(block.get("effects") or []) or "-"])
-    return "\n".join(
-        [
-            "## Arms",
-            "",
-            "What each arm is (its config entry in words). Sampling (rollouts, old log-probs, evaluation, "
-            "KL) runs in eval mode, so dropout acts only in the loss forward; seeds: the seed run s trains "
-            "with.",
-            "",
-            table(ARM_HEADER, rows),
-            "",
-        ]
+    return _section(
+        "Arms",
+        "What each arm is (its config entry in words). Sampling (rollouts, old log-probs, evaluation, "
+        "KL) runs in eval mode, so dropout acts only in the loss forward; seeds: the seed run s trains "
+        "with.",
+        table(ARM_HEADER, rows),
     )
 
 
@@ -289,23 +284,23 @@ def decomposition_section(stats: Mapping) -> str:
         rows.append(["sum of the parts", parts, *(_effect(get(b, q, "sum_of_parts")) for q in qs)])
         rows.append(["interaction", f"{arm} − ({parts}) + {len(b['parts']) - 1} x {dec['reference']}",
                      *(_effect(get(b, q, "interaction")) for q in qs)])  # fmt: skip
-    return "\n".join(
-        [
-            "## Which factor did what (decomposition of the mean effects)",
-            "",
-            f"Paired contrasts over the seeds the arms share, each a mean with its {1 - alpha:.0%} t "
-            "interval across seeds: a single-factor arm's difference from the reference is that factor's "
-            "main effect; a bundle's difference is split into its parts' main effects and their "
-            "interaction (what the factors do together beyond their sum). dJ: mean over the role's tasks; "
-            "log off-task KL: multiplicative drift (−0.69 = half as far). Seed-variance effects of each "
-            "factor: the single-factor arm's rows of the verdict table.",
-            "",
-            table(head, rows),
-            "",
-            *notes,
-            *([""] if notes else []),
-        ]
+    return _section(
+        "Which factor did what (decomposition of the mean effects)",
+        f"Paired contrasts over the seeds the arms share, each a mean with its {1 - alpha:.0%} t "
+        "interval across seeds: a single-factor arm's difference from the reference is that factor's "
+        "main effect; a bundle's difference is split into its parts' main effects and their "
+        "interaction (what the factors do together beyond their sum). dJ: mean over the role's tasks; "
+        "log off-task KL: multiplicative drift (−0.69 = half as far). Seed-variance effects of each "
+        "factor: the single-factor arm's rows of the verdict table.",
+        table(head, rows),
+        *notes,
+        *([""] if notes else []),
     )
+
+
+def _section(title: str, intro: str, *body: str) -> str:
+    """A report section: its heading, one paragraph, then the body lines (a table, notes)."""
+    return "\n".join([f"## {title}", "", intro, "", *body[:1], "", *body[1:]])
 
 
 def drift_cell(by_arm: Mapping) -> str:
