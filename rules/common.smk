@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from workflow_scripts.runtime import eval_matmul, memory_plan, paths
 from workflow_scripts.runtime.codehash import code_version
 from workflow_scripts.runtime.config import ConfigError, workflow_config
+from workflow_scripts.runtime.config_files import snakemake_sources
 from workflow_scripts.runtime.resources import job_threads as _job_threads, snakemake_resources, train_processes
 from workflow_scripts.training.curriculum import data_phases
 from workflow_scripts.training.heldout_spec import HELDOUT_FILE, heldout_spec, without_heldout
@@ -18,10 +19,11 @@ from workflow_scripts.training.heldout_spec import HELDOUT_FILE, heldout_spec, w
 # when no --configfile is given (Snakemake would otherwise deep-merge X over config.yaml), or when X says
 # `extends: config.yaml` (an experiment file). workflow_config rebuilds the config from the files (their
 # `extends` chains followed) and the --config pairs; what Snakemake parsed is replaced by its result.
+# The two come from Snakemake internals (no public API has them): `snakemake_sources` reads them, and
+# tests/runtime/test_snakemake_sources.py fails if a Snakemake upgrade moves them.
 try:
-    _validated, CONFIG_SOURCE = workflow_config(
-        config, list(workflow.overwrite_configfiles), overrides=dict(workflow.config_settings.config)
-    )
+    _files, _overrides = snakemake_sources(workflow)
+    _validated, CONFIG_SOURCE = workflow_config(config, _files, overrides=_overrides)
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 config.clear()

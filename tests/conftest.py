@@ -62,6 +62,16 @@ def make_workflow_dir(dest: Path, config: dict) -> Path:
     return dest
 
 
+def log_workflow_run(args, via: str = "snakemake") -> None:
+    """A line for bench/suite_times.py (test id, how snakemake was started, its arguments) in the file that
+    RLVR_WORKFLOW_LOG names; nothing without it. Every snakemake invocation of a test calls this."""
+    log = os.environ.get("RLVR_WORKFLOW_LOG")
+    if log:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+        with open(log, "a", encoding="utf-8") as fh:  # one short append per line: two workers may share it
+            fh.write(f"{test}\t{via}\t{' '.join(map(str, args))}\n")
+
+
 def run_snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [
@@ -74,6 +84,7 @@ def run_snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.C
         str(workdir / "Snakefile"),
         *args,
     ]
+    log_workflow_run(cmd[1:])
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
 
 
@@ -133,6 +144,61 @@ def mark_done(wf: Path) -> None:
     """Record every output as up to date (params, code versions) without running a job."""
     proc = run_snakemake(wf, "--touch", "--forceall", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------- workflow runs shared by modules
+
+
+def shared_workflow(tmp_path_factory, name: str, config: dict, *targets: str, timeout: int = 900) -> Path:
+    """A workflow dir on ``config`` that snakemake runs to ``targets`` once per test session, across
+    pytest-xdist's workers: the first caller runs it under a file lock in the workers' common temporary
+    folder; later callers (any worker) wait for it and get the same folder. Callers only read it: a test
+    that edits its config or runs more jobs works in a copy (``copy_workflow``). ``targets`` empty: every
+    output of the DAG as an empty placeholder (``placeholder_outputs``), no job run."""
+    import fcntl
+    import json
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, key = root / f"shared-{name}", json.dumps([config, targets], sort_keys=True)
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / "key.json").exists():
+            wf = make_workflow_dir(folder / "wf", config)
+            if targets:
+                proc = run_snakemake(wf, *targets, timeout=timeout)
+                outcome = "" if proc.returncode == 0 else proc.stdout[-3000:] + proc.stderr[-3000:]
+            else:
+                placeholder_outputs(wf)
+                outcome = ""
+            (folder / "failed.txt").write_text(outcome)
+            (folder / "key.json").write_text(key)
+    assert (folder / "key.json").read_text() == key, f"shared workflow {name!r} asked for with another config"
+    failed = (folder / "failed.txt").read_text()
+    assert not failed, f"shared workflow {name!r} failed:\n{failed}"
+    return folder / "wf"
+
+
+def copy_workflow(src: Path, dest: Path) -> Path:
+    """A private copy of a workflow dir: outputs, their times and Snakemake's records (nothing reruns)."""
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def base_evaluated(tmp_path_factory) -> Path:
+    """The test config's data, base model and the base model's evaluation on every task, run once per
+    session (``shared_workflow``): tests/workflow/test_workflow_foundation.py and tests/test_evaluate.py."""
+    config = load_test_config()
+    tasks = list(config["data"]["tasks"])
+    targets = ["results/models/base.json", *(f"results/data/eval/{task}.jsonl" for task in tasks)]
+    targets += [f"results/eval/base/{task}{suffix}" for task in tasks for suffix in (".json", ".kl.json")]
+    return shared_workflow(tmp_path_factory, "base-evaluated", config, *targets)
+
+
+def placeholder_workflow(tmp_path_factory, dest: Path) -> Path:
+    """A copy of the test config's workflow dir with every output a placeholder (``placeholder_outputs``:
+    one ``snakemake --summary`` per session, not one per test); nothing recorded as done yet."""
+    return copy_workflow(shared_workflow(tmp_path_factory, "placeholders", load_test_config()), dest)
 
 
 def set_key(config_path: Path, dotted: str, value) -> None:

@@ -54,6 +54,7 @@ def data(tmp_path_factory) -> FigureData:
 # ----------------------------------------------------------------------------- figures
 
 
+@pytest.mark.slow
 def test_cli_writes_every_figure_as_a_png(data, tmp_path):
     data.metrics.to_parquet(tmp_path / "metrics.parquet")
     data.curves.to_parquet(tmp_path / "curves.parquet")
@@ -89,6 +90,7 @@ def test_cli_writes_every_figure_as_a_png(data, tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["one_seed_no_kl_no_sparsity", "single_arm", "empty_tables"])
 def test_degenerate_data_still_draws_every_figure(case, tmp_path):
     if case == "one_seed_no_kl_no_sparsity":
@@ -210,3 +212,37 @@ def test_the_heldout_figures_draw_a_panel_per_task_and_noise_beside_each_arm(dat
     for name in ("heldout_curves", "heldout_variance"):
         figures.make_figures(empty, {name: tmp_path / f"{name}.png"})
         assert_png(tmp_path / f"{name}.png")
+
+
+def test_the_mismatch_figure_draws_zero_null_and_positive_gaps_on_a_log_axis(data, tmp_path):
+    """fp32's gap is exactly 0 (on the floor line), bf16's positive and growing with position, a third arm
+    never measured (named in the panel); all-zero or all-null gaps still draw."""
+    from workflow_scripts.training.metrics_log import GAP_POSITION_KEYS
+
+    fresh = data.curves["generation_step"].astype(bool)
+    bf16 = data.curves["precision"] == "bf16"
+    curves = data.curves.assign(sampler_gap_mean=(bf16 * 0.05).where(fresh))
+    for k, key in enumerate(GAP_POSITION_KEYS[:4]):  # positions 0 .. 7: an 8-token completion
+        curves[key] = (bf16 * 0.01 * 2**k).where(fresh)
+    unmeasured = curves[curves["precision"] == "fp32"].assign(
+        precision="fp16", run=lambda f: f["run"].str.replace("fp32", "fp16"), sampler_gap_mean=float("nan")
+    )
+    cases = {
+        "mixed": pd.concat([curves, unmeasured]),
+        "zero": curves.assign(sampler_gap_mean=curves["sampler_gap_mean"] * 0),
+        "null": data.curves,  # older results: no gap columns at all
+    }
+    for case, table in cases.items():
+        figure_data = FigureData(data.metrics, table, precisions=("fp32", "bf16", "fp16"))
+        fig = figures.plot_mismatch(figure_data)
+        over_steps, by_position = fig.axes[:2]
+        if case == "mixed":
+            assert over_steps.get_yscale() == by_position.get_yscale() == "log"
+            texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+            assert "exactly 0" in texts and "not measured: fp16" in texts
+            labels = [t.get_text() for t in by_position.get_xticklabels()]
+            assert labels == ["0", "1", "2-3", "4-7"]
+        if case == "zero":
+            assert over_steps.get_yscale() == "linear"  # nothing positive: no log axis
+        figures.save_figure(fig, tmp_path / f"{case}.png")
+        assert_png(tmp_path / f"{case}.png")

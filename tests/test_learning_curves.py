@@ -179,15 +179,15 @@ def test_the_cli_reads_a_config(tmp_path, monkeypatch):
     assert "bf16" in result["comparisons"]
 
 
-def test_the_rule_runs_the_stage_on_every_runs_heldout_file(tmp_path):
+@pytest.mark.slow
+def test_the_rule_runs_the_stage_on_every_runs_heldout_file(tmp_path, tmp_path_factory):
     """snakemake runs workflow_scripts/learning_curves.py on the train rule's declared heldout.jsonl outputs
     (upstream outputs are placeholders marked done; the heldout files are written, then the two outputs
     of learning_curves are deleted, so only that job runs)."""
-    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_outputs, run_snakemake
+    from conftest import load_test_config, mark_done, placeholder_workflow, run_snakemake
 
     config = load_test_config()
-    wf = make_workflow_dir(tmp_path / "wf", config)
-    placeholder_outputs(wf)
+    wf = placeholder_workflow(tmp_path_factory, tmp_path / "wf")
     tasks = tuple(config["data"]["tasks"])
     write_heldout(wf / "results", tuple(config["precisions"]), tuple(config["seeds"]), tasks=tasks)
     mark_done(wf)

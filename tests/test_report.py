@@ -293,14 +293,13 @@ def test_the_numerics_provenance_names_a_repeat_as_a_repeat(tmp_path):
 
 
 @pytest.mark.slow
-def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path):
+def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path, tmp_path_factory):
     """aggregate -> stats -> figures -> report through snakemake (each rule's
     script: is its stage module), on fake upstream outputs written where the rules expect them."""
-    from conftest import load_test_config, make_workflow_dir, placeholder_outputs
+    from conftest import load_test_config, placeholder_workflow
 
     config = load_test_config()
-    wf = make_workflow_dir(tmp_path / "wf", config)
-    placeholder_outputs(wf)
+    wf = placeholder_workflow(tmp_path_factory, tmp_path / "wf")
     write_fake_results(
         wf / "results",
         precisions=tuple(config["precisions"]),
@@ -336,6 +335,7 @@ def finished_workflow(tmp_path_factory) -> Path:
     from conftest import load_test_config, make_workflow_dir, run_snakemake
 
     wf = make_workflow_dir(tmp_path_factory.mktemp("e2e") / "wf", load_test_config())
+    # its own run, from nothing: the fork-server test needs every job of a whole run (the server starts in it)
     proc = run_snakemake(wf, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return wf

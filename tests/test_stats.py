@@ -166,6 +166,7 @@ def check_all(sims: dict[str, list]) -> None:
 # ----------------------------------------------------------------------------- calibration
 
 
+@pytest.mark.slow
 def test_the_model_fits_every_simulated_table_or_reports_why():
     sims = simulations(N_NULL, N_ALT)
     blocks = [b for s in simulation.STRUCTURES for b in sims[s]] + [m for _, m in sims["h1_ratio4"]]
@@ -176,6 +177,7 @@ def test_the_model_fits_every_simulated_table_or_reports_why():
     assert failed["status"] == "failed" and "seeds" in failed["reason"]
 
 
+@pytest.mark.slow
 def test_calibration_coverage_false_positives_power_for_every_structure_and_h1_guard():
     """8 seeds, 4 off-task tasks, eval noise 1/3 of the observed variance: H2 is supported in >= 80% of the
     tables for each alternative structure (whole seed variance 12x, the increase shared, seed x task, or
@@ -183,6 +185,7 @@ def test_calibration_coverage_false_positives_power_for_every_structure_and_h1_g
     check_all(simulations(N_NULL, N_ALT))
 
 
+@pytest.mark.slow
 def test_the_two_parts_locate_where_the_extra_seed_variance_is():
     """Shared-only: the shared ratio is the larger part; task-only: the seed x task ratio (medians)."""
     sims = simulations(N_NULL, N_ALT)
@@ -196,6 +199,7 @@ def test_the_two_parts_locate_where_the_extra_seed_variance_is():
     assert 0.5 < median_ratio("null", "shared") < 2 and 0.5 < median_ratio("null", "task") < 2
 
 
+@pytest.mark.slow
 def test_an_analysis_that_always_says_supported_fails_calibration(monkeypatch):
     sims = simulations(N_NULL, N_ALT)
     monkeypatch.setattr(verdicts, "verdict_variance", lambda *a, **k: ("supported", "always"))
@@ -206,6 +210,7 @@ def test_an_analysis_that_always_says_supported_fails_calibration(monkeypatch):
         check_at_most(h1_verdicts(sims["h1_ratio4"]) == "supported", 0.05, "H1 supported")
 
 
+@pytest.mark.slow
 def test_an_analysis_that_always_says_different_fails_calibration(monkeypatch):
     """'Different': every variance comparison rejects equality, every H1 is contradicted."""
     sims = simulations(N_NULL, N_ALT)
@@ -215,12 +220,14 @@ def test_an_analysis_that_always_says_different_fails_calibration(monkeypatch):
         check_all(sims)
 
 
+@pytest.mark.slow
 def test_an_analysis_that_never_rejects_fails_the_power_check(monkeypatch):
     monkeypatch.setattr(verdicts, "verdict_variance", lambda *a, **k: ("inconclusive", "never"))
     with pytest.raises(AssertionError, match="power"):
         check_all(simulations(N_NULL, N_ALT))
 
 
+@pytest.mark.slow
 def test_a_test_of_the_shared_seed_variance_alone_fails_the_task_structure_check():
     """The pre-issue-22 statistic (shared part only) misses seed x task variance: the check catches it."""
     sims = simulations(N_NULL, N_ALT)
@@ -366,6 +373,7 @@ def test_power_grows_with_the_ratio_and_the_mde_and_seeds_needed_agree_with_it()
     )
 
 
+@pytest.mark.slow
 def test_the_power_module_predicts_the_detection_rate_of_the_calibration_tables():
     """power.py simulates the statistic the verdicts use: its power for the shared structure at 9x (arm
     shared fraction 17/18, reference 1/2) matches the rate over the calibration tables (binomial error of

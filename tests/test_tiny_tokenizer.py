@@ -89,6 +89,7 @@ def test_saved_and_loaded_it_encodes_and_decodes_the_same(tmp_path, pool, bpe):
     assert loaded.decode(bpe("Tom has 6 coins and buys 3 more. Total=9")["input_ids"]).endswith("Total=9")
 
 
+@pytest.mark.slow
 def test_the_same_pool_gives_the_same_tokenizer_in_any_process(tmp_path, pool, bpe):
     """The BPE trainer counts pairs in parallel (Rayon): its result must not depend on the threads."""
     texts = tmp_path / "texts.json"

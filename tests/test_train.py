@@ -82,6 +82,7 @@ def weights(run: dict) -> dict[str, torch.Tensor]:
     return load_file(run["out"] / "model" / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_fp32_arm_is_float32_without_autocast(runs):
     run = runs["fp32"]["run"]
     assert (
@@ -100,6 +101,7 @@ def test_fp32_arm_is_float32_without_autocast(runs):
     assert run["resumed"] is False and run["steps"] == STEPS
 
 
+@pytest.mark.slow
 def test_bf16_arm_is_bfloat16(runs):
     run = runs["bf16"]["run"]
     assert (
@@ -115,6 +117,7 @@ def test_bf16_arm_is_bfloat16(runs):
     assert {t.dtype for t in weights(runs["bf16"]).values()} == {torch.bfloat16}
 
 
+@pytest.mark.slow
 def test_extra_arm_from_config_only(runs):
     run = runs["bf16_autocast"]["run"]
     assert {k: run["mode"][k] for k in ("name", *EXTRA_ARM)} == {"name": "bf16_autocast", **EXTRA_ARM}
@@ -125,6 +128,7 @@ def test_extra_arm_from_config_only(runs):
     assert run["trainer"]["bf16"] is True
 
 
+@pytest.mark.slow
 def test_metrics_one_line_per_step(runs):
     for name, run in runs.items():
         metrics = run["metrics"]
@@ -170,6 +174,7 @@ def heldout(run: dict) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_heldout_curve_every_task_at_step_0_every_n_and_the_last(tiny_base, runs):
     tasks = list(tiny_base["config"]["data"]["tasks"])
     for name, run in runs.items():
@@ -187,6 +192,7 @@ def test_heldout_curve_every_task_at_step_0_every_n_and_the_last(tiny_base, runs
     assert [r["problem_ids"] for r in other] == [r["problem_ids"] for r in heldout(runs["fp32"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm,dtype", [("bf16", "bfloat16"), ("bf16_autocast", "float32")])
 def test_heldout_last_point_is_the_saved_policy_as_evaluated(tiny_base, tmp_path, arm, dtype):
     """A run's last point must equal sampling its saved model as the evaluate stage does: in eval mode, in
@@ -261,6 +267,7 @@ def _sample_in_train_mode(model, tokenizer, rows, spec, seed):
         model.eval()
 
 
+@pytest.mark.slow
 def test_heldout_measurement_leaves_the_trajectory_unchanged(tiny_base, runs, tmp_path):
     job = job_from_config(run_config(tiny_base), "bf16", 1, tiny_base["data_dir"], tiny_base["base_dir"],
                           tmp_path / "out", tmp_path / "ckpt")  # fmt: skip
@@ -270,10 +277,12 @@ def test_heldout_measurement_leaves_the_trajectory_unchanged(tiny_base, runs, tm
     assert bit_identical(load_file(tmp_path / "out" / "model" / "model.safetensors"), weights(runs["bf16"]))
 
 
+@pytest.mark.slow
 def test_checkpoints_deleted_after_success(runs):
     assert not runs["fp32"]["ckpt"].exists()
 
 
+@pytest.mark.slow
 def test_same_seed_bit_identical_other_seed_differs(tiny_base, runs):
     a, b, c = weights(runs["fp32"]), weights(runs["fp32_again"]), weights(runs["fp32_seed2"])
     assert bit_identical(a, b)
@@ -303,6 +312,7 @@ train_run(config, "fp32", 1, data, base, out, ckpt, threads=1, callbacks=[HoldAf
 """
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_isbit_identical(tiny_base, runs, tmp_path):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     fake = tmp_path / "fake_site" / "vllm"  # importing vllm would crash the child: it must never happen
@@ -366,6 +376,7 @@ def test_incomplete_checkpoint_is_ignored_and_removed(tmp_path):
     assert not partial.exists()
 
 
+@pytest.mark.slow
 def test_stale_checkpoints_of_another_config_are_not_resumed(tiny_base, tmp_path):
     config = run_config(tiny_base)
     config["train"].update(max_steps=2, checkpoint_every=2, kl_every=100)
@@ -378,6 +389,7 @@ def test_stale_checkpoints_of_another_config_are_not_resumed(tiny_base, tmp_path
     assert record["resumed"] is False and record["steps_this_session"] == 2
 
 
+@pytest.mark.slow
 def test_snakemake_dag_has_every_precision_seed_pair(tmp_path):
     workdir = make_workflow_dir(tmp_path / "wf", load_test_config())
     proc = run_snakemake(workdir, "-n", "--quiet", "rules")

@@ -22,7 +22,8 @@ Outputs:
   of evaluation. Run-level columns (train_*, sparsity) repeat on every task row of the run.
 - ``training_curves.parquet``: one row per run x optimizer step, ``CURVE_COLUMNS`` (rollout statistics
   are carried forward between generation rounds; ``generation_step`` marks the fresh ones; KL is null
-  except every ``kl_every`` steps).
+  except every ``kl_every`` steps). The sampler-trainer gap per round: ``sampler_gap_*`` scalars and the
+  gap by position, one column per log2 bin (``sampler_gap_pos_<k>``, ``metrics_log.GAP_POSITION_KEYS``).
 - ``sparsity.parquet``: one row per run x scope (model / module / layer) x group x eta: changed_fraction,
   equal_bf16_fraction, equal_stored_fraction, numel, n_tensors; plus, per run and module type, the
   representable-update fraction (scope ``representable``, eta null) from run.json.
@@ -31,8 +32,9 @@ Outputs:
 Repeats (config ``repeats``, runs ``<precision>-s<seed>-r<k>``: the numerical noise floor) get rows of
 their own with ``repeat`` k (1 for every first run, null for base rows; run.json's ``repeat`` names their
 training files); they have no sparsity summaries. Training columns include the sampler-trainer gap
-(``sampler_gap_*``, ``vllm_logp_diff_mean``: ``metrics_log.gap_summary``) and, for fp16 arms, the final
-loss scale and the skipped steps (``metrics_log.scaler_summary``).
+(``sampler_gap_*`` incl. kl_k1, kl_k3, log_ppl_abs_diff, growth; ``vllm_logp_diff_mean``:
+``metrics_log.gap_summary``, means over rounds) and, for fp16 arms, the final loss scale and the skipped
+steps (``metrics_log.scaler_summary``).
 
 Base runs are ``base`` and ``base-<dtype>`` (``paths.parse_run``); a trained run's dJ and KL are relative
 to the base of its arm's param dtype, named by the eval file's ``reference_run`` (else by ``references``,

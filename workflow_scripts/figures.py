@@ -12,10 +12,16 @@
 | overlap             | cross-seed Jaccard / chance of the changed masks against eta  | figures_sparsity  |
 | training_curves     | reward, informative fraction, clip fraction, KL, entropy,     | here              |
 |                     | grad norm per step: mean over seeds, band +-1 SD              |                   |
+| mismatch            | sampler-trainer mean |Δ log p| per round (log y), and by      | here              |
+|                     | position bin of the completion                                |                   |
 | heldout_curves      | held-out pass@1 against step per task: mean over seeds, band  | curve_plots       |
 |                     | +-1 SD                                                        |                   |
 | heldout_variance    | across-seed variance of dJ against step per role, beside the  | curve_plots       |
 |                     | eval noise (dashed)                                           |                   |
+
+mismatch: both axes log scale; an exact 0 (identical numerics) is drawn on a dotted floor line a decade
+below the smallest positive value, an axis without a positive value stays linear, and arms without a
+measured gap are named in the panel.
 
 Every function takes a ``FigureData`` (figures_common) and returns a matplotlib Figure. FigureData
 holds each (arm, seed) once: repeats (config ``repeats``, the noise floor) are not seeds, so no dot,
@@ -27,6 +33,7 @@ from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage co
 # isort: split
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +45,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from workflow_scripts.plots.common import DPI, FigureData, dots_by_task, placeholder
@@ -49,6 +57,7 @@ from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import atomic_path
 from workflow_scripts.runtime.smk import main_from, parse_pairs
 from workflow_scripts.tasks.rows import read_json, read_parquet
+from workflow_scripts.training.metrics_log import GAP_POSITION_KEYS, position_bin_label
 
 # training-curve panels: column, title, rows used (generation steps for rollout statistics), smoothed
 CURVE_PANELS = (
@@ -136,6 +145,101 @@ def plot_training_curves(data: FigureData) -> Figure:
     return fig
 
 
+# ----------------------------------------------------------------------------- mismatch
+
+
+def _zero_floor(ax: Axes, values: pd.Series) -> float | None:
+    """Log scale with zeros drawn at a floor a decade below the smallest positive value (returned); None:
+    nothing positive, the axis stays linear."""
+    positive = values[values > 0]
+    if positive.empty:
+        return None
+    floor = 10 ** (math.floor(math.log10(float(positive.min()))) - 1)
+    ax.set_yscale("log")
+    if (values == 0).any():
+        ax.axhline(floor, ls=":", color="0.4", lw=1)
+        ax.annotate("exactly 0", (0.01, floor), xycoords=("axes fraction", "data"), fontsize=8, va="bottom")
+    return floor
+
+
+def _unmeasured(ax: Axes, arms: list[str], measured: set[str]) -> None:
+    missing = [a for a in arms if a not in measured]
+    if missing:
+        label = "not measured: " + ", ".join(missing)
+        ax.text(0.99, 0.99, label, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="0.3")
+
+
+def _rounds(data: FigureData) -> pd.DataFrame:
+    curves = data.curves
+    if curves.empty or "sampler_gap_mean" not in curves.columns:
+        return curves.iloc[0:0]
+    if "generation_step" in curves.columns and curves["generation_step"].any():
+        curves = curves[curves["generation_step"].astype(bool)]
+    return curves.assign(precision=curves["precision"].astype(str))
+
+
+def _over_steps(ax: Axes, rounds: pd.DataFrame, arms: list[str], data: FigureData) -> None:
+    ax.set_title("mean |Δ log p| at each round's first step", fontsize=10)
+    rows = rounds[rounds["sampler_gap_mean"].notna()] if not rounds.empty else rounds
+    if rows.empty:
+        placeholder(ax, "sampler gap not measured (no sampler log-probs, or older results)")
+        return
+    floor = _zero_floor(ax, rows["sampler_gap_mean"])
+    if floor is not None:
+        rows = rows.assign(
+            sampler_gap_mean=rows["sampler_gap_mean"].where(rows["sampler_gap_mean"] > 0, floor)
+        )
+    sns.lineplot(
+        data=rows,
+        x="step",
+        y="sampler_gap_mean",
+        hue="precision",
+        hue_order=[a for a in arms if a in set(rows["precision"])],
+        palette=data.palette(),
+        errorbar="sd",
+        marker="o",
+        ax=ax,
+    )
+    ax.set_xlabel("optimizer step (generation rounds)")
+    ax.set_ylabel("mean |log p_sampler − log p_trainer| (nats)")
+    _unmeasured(ax, arms, set(rows["precision"]))
+
+
+def _by_position(ax: Axes, rounds: pd.DataFrame, arms: list[str], data: FigureData) -> None:
+    ax.set_title("mean |Δ log p| by position in the completion", fontsize=10)
+    keys = [k for k in GAP_POSITION_KEYS if k in rounds.columns and rounds[k].notna().any()]
+    if rounds.empty or not keys:
+        placeholder(ax, "gap by position not logged")
+        return
+    means = rounds.groupby("precision")[keys].mean()  # over rounds and seeds
+    long = means.reset_index().melt(id_vars="precision", var_name="key", value_name="gap").dropna()
+    long["bin"] = long["key"].map(GAP_POSITION_KEYS.index)
+    floor = _zero_floor(ax, long["gap"])
+    if floor is not None:
+        long["gap"] = long["gap"].where(long["gap"] > 0, floor)
+    palette = data.palette()
+    for arm in [a for a in arms if a in set(long["precision"])]:
+        sel = long[long["precision"] == arm].sort_values("bin")
+        ax.plot(sel["bin"], sel["gap"], marker="o", color=palette.get(arm, "C0"), label=arm)
+    bins = sorted(long["bin"].unique())
+    ax.set_xticks(bins, [position_bin_label(int(b)) for b in bins], rotation=45, fontsize=8)
+    ax.set_xlabel("completion token position (log2 bins)")
+    ax.set_ylabel("mean |Δ log p| (nats), mean over rounds and seeds")
+    ax.legend(fontsize=8, frameon=True)
+    _unmeasured(ax, arms, set(long["precision"]))
+
+
+def plot_mismatch(data: FigureData) -> Figure:
+    """The mismatch figure (module docstring): the gap over rounds per arm, and by completion position."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), layout="constrained")
+    rounds = _rounds(data)
+    arms = data.arms()
+    _over_steps(axes[0], rounds, arms, data)
+    _by_position(axes[1], rounds, arms, data)
+    fig.suptitle("Sampler-trainer mismatch before any update on a round (log scale; seeds: mean, band ±1 SD)")
+    return fig
+
+
 PLOTS: dict[str, Callable[[FigureData], Figure]] = {
     "dJ_by_task": plot_dj_by_task,
     "variance_components": plot_variance_components,
@@ -145,6 +249,7 @@ PLOTS: dict[str, Callable[[FigureData], Figure]] = {
     "sparsity_vs_eta": plot_sparsity_vs_eta,
     "overlap": plot_overlap,
     "training_curves": plot_training_curves,
+    "mismatch": plot_mismatch,
     "heldout_curves": plot_heldout_curves,
     "heldout_variance": plot_heldout_variance,
 }

@@ -31,11 +31,12 @@ from typing import Any
 
 import pandas as pd
 
-from workflow_scripts.plots.figure_list import note
+from workflow_scripts.plots.figure_list import figures_section
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_text
 from workflow_scripts.runtime.numerics import provenance_section
 from workflow_scripts.runtime.smk import main_from, parse_pairs
+from workflow_scripts.statistics.arms import run_setups
 from workflow_scripts.statistics.curve_report import learning_curves_section
 from workflow_scripts.statistics.noise_floor import without_repeats
 from workflow_scripts.statistics.report_tables import (
@@ -44,11 +45,11 @@ from workflow_scripts.statistics.report_tables import (
     fmt,
     get,
     kl_name,
+    mismatch_section,
     noise_share_section,
     numbers_section,
     overlap_section,
     ratio_with_ci,
-    sampler_gap_section,
     table,
     training_section,
 )
@@ -61,6 +62,7 @@ from workflow_scripts.statistics.summary import (
 )
 from workflow_scripts.tasks.rows import read_json, read_parquet
 
+GLOSSARY = Path(__file__).resolve().parents[1] / "docs" / "glossary.md"  # linked from the report's head
 HYPOTHESES = {  # the role and quantity each one tests come from stats.json (verdicts[H].scope)
     "H1": "on-task performance is insensitive to precision (mean and seed variance of dJ equivalent)",
     "H2": "off-task performance is sensitive: the seed variance of dJ is larger",
@@ -341,17 +343,6 @@ def noise_floor_section(stats: Mapping) -> str:
     )
 
 
-def figures_section(figures: Mapping[str, str | os.PathLike], report_path: str | os.PathLike) -> str:
-    if not figures:
-        return ""
-    here = Path(report_path).resolve().parent
-    out = ["## Figures", ""]
-    for name, path in figures.items():
-        rel = os.path.relpath(Path(path).resolve(), here)
-        out.append(f"- [{name}]({rel}): {note(name)}".rstrip(": "))
-    return "\n".join([*out, ""])
-
-
 def render(
     stats: Mapping,
     metrics: pd.DataFrame,
@@ -361,9 +352,10 @@ def render(
     overlap: pd.DataFrame | None = None,
     numerics: Mapping[str, Any] | None = None,
     learning_curves: Mapping[str, Any] | None = None,
+    setups: Mapping[str, Any] | None = None,
 ) -> str:
-    """The whole report.md text. ``numerics``: record name -> the ``numerics`` entry of its base.json or
-    run.json (``numerics.provenance_section``); ``learning_curves``: learning_curves.json's content."""
+    """The whole report.md text. ``numerics``: record name -> its base.json's or run.json's ``numerics``
+    (``provenance_section``); ``learning_curves``: its json; ``setups``: run -> ``arms.sampler_setup``."""
     arms = stats.get("precisions") or list(precisions)
     n = stats.get("n") or {}
     seeds = ", ".join(f"{a} {s}" for a, s in (n.get("seeds") or {}).items())
@@ -377,7 +369,8 @@ def render(
         f"alpha {cfg.get('alpha')}, H1 mean margin {cfg.get('mean_margin_fraction')} of the reference "
         f"gain, variance-ratio margin r0 {cfg.get('variance_ratio_margin')}, eval-noise source: "
         f"{stats.get('eval_noise_source', 'n/a')}. dJ = pass@1(trained) − pass@1(base in the arm's param "
-        "dtype); the unit of replication is the training seed.",
+        "dtype); the unit of replication is the training seed. The terms (arm, dJ, KL estimators, verdict "
+        f"words, MDE): [glossary]({os.path.relpath(GLOSSARY, Path(report_path).resolve().parent)}).",
         "",
     ]
     warnings = list(stats.get("warnings") or []) + data_warnings(metrics)  # repeats' rows checked too
@@ -397,7 +390,7 @@ def render(
         noise_floor_section(stats),
         learning_curves_section(learning_curves),
         training_section(seeds_only, arms),
-        sampler_gap_section(seeds_only, arms),
+        mismatch_section(seeds_only, arms, setups),
         overlap_section(overlap if overlap is not None else pd.DataFrame(), arms),
         figures_section(figures, report_path),
         provenance_section(dict(numerics or {})),
@@ -427,6 +420,7 @@ def run(
     curves = read_json(learning_curves) if learning_curves else None
     ov = read_parquet(overlap) if overlap else None
     numerics: dict[str, Any] = {}
+    read: list[Any] = []
     for path in records:  # provenance only: an unreadable record is listed as such, not a failed report
         try:
             record = read_json(path)
@@ -439,7 +433,9 @@ def run(
         name = paths.run_name(record["precision"], record["seed"], repeat) if seeded else "base"
         name += f" (repeat {repeat})" if repeat > 1 else ""
         numerics[name] = record.get("numerics") if isinstance(record, dict) else None
-    text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics, curves)
+        read.append(record)
+    setups = run_setups(read)  # what each run samples and trains in: the mismatch table's sources
+    text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics, curves, setups)
     write_text(out, text)
     print(f"report: {len(text.splitlines())} lines -> {out}", file=sys.stderr)
     return text

@@ -5,15 +5,13 @@ The base policy is trained on the training prompts with the training task's veri
 
 - ``model/``: the final policy (safetensors, in ``param_dtype``, checked on disk) and tokenizer;
 - ``metrics.jsonl``: one line per optimizer step (keys: ``metrics_log``);
-- ``run.json``: provenance (run name and repeat, versions, config hash, precision mode, dtypes at
-  start, end and as saved, autocast observed, device, steps, seed, wall time, reward and
-  dynamic-sampling summaries, resume information), ``representable_update`` (``representable``, from
-  the weights at step 0), ``health`` (``train_health``: diverged or not, and why), ``vllm`` (used,
-  mode, dtype, the engine's seed: ``grpo_trainer.vllm_seed``), ``importance_sampling`` (what TRL got,
-  and whether it acts), ``sampler_gap`` (``metrics_log.gap_summary``) and ``loss_scale`` (fp16:
-  ``metrics_log.scaler_summary``; else null), ``train_seed`` (seed + the arm's seed_offset),
-  ``bf16_matmul`` (the path the arm's bf16 products took), ``optimizer`` (class, rounding, update noise:
-  ``optimizers``) and ``precision_contract`` (expected and observed dtypes: ``precision_contract``);
+- ``run.json``: provenance (run name and repeat, versions, config hash, precision mode, dtypes at start,
+  end and as saved, autocast observed, device, steps, seed, wall time, reward and dynamic-sampling
+  summaries, resume), ``representable_update`` (``representable``), ``health`` (``train_health``),
+  ``sampler`` (engine, dtype, correction: ``sampler.plan``), ``vllm`` (engine dtype and seed:
+  ``grpo_trainer.vllm_seed``), ``importance_sampling`` (what TRL got, whether it acts), ``sampler_gap``
+  (``metrics_log.gap_summary``), ``loss_scale`` (fp16: ``metrics_log.scaler_summary``), ``train_seed``,
+  ``bf16_matmul``, ``optimizer`` (``optimizers``) and ``precision_contract`` (expected and observed);
 - ``tb/``: TensorBoard events when ``train.report_to`` is tensorboard (not a declared output).
 
 Where the pieces live: the config -> GRPOConfig table in ``grpo_config``; every override of TRL
@@ -25,12 +23,10 @@ metrics to the checkpoint's step and continues; the Trainer restores the RNG sta
 fast-forwarding the data loader, so a resumed deterministic run ends bit-identical to an uninterrupted
 one. After a successful run the checkpoint folder is deleted (optimizer state is ~3x the model).
 
-GPU path: ``train.use_vllm`` generates with vLLM colocated on the training GPUs (``pip install
-'.[gpu]'``; vllm is imported only when enabled). Several processes: ``train.distributed`` (processes,
-ddp or fsdp); with more than one, ``from_snakemake`` (and ``main``) launch ``accelerate launch ... -m
-workflow_scripts.train --job <spec>`` themselves (``launch``), each rank's output in the rule's log. The
-per-device batch is divided by the world size, so the effective batch is unchanged. Only rank 0 writes
-the outputs; run.json records the world size, the strategy and each rank's dtypes and autocast.
+GPU path: ``train.use_vllm`` samples with vLLM colocated on the training GPUs (vllm imported only then).
+Several processes (``train.distributed``: ddp or fsdp): ``from_snakemake`` and ``main`` run ``accelerate
+launch ... -m workflow_scripts.train --job <spec>`` (``launch``), each rank's output in the rule's log;
+the per-device batch is divided by the world size. Only rank 0 writes; run.json records each rank's.
 """
 
 from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
@@ -78,11 +74,7 @@ from workflow_scripts.training.grpo_config import (
     tracking_env,
     world_size_from_env,
 )
-from workflow_scripts.training.grpo_trainer import (
-    check_chunked_logprob_head,
-    make_trainer_class,
-    rollout_dtype,
-)
+from workflow_scripts.training.grpo_trainer import check_chunked_logprob_head, make_trainer_class
 from workflow_scripts.training.heldout import HeldOutCurves, check_heldout, heldout_record, heldout_slices
 from workflow_scripts.training.heldout_spec import HELDOUT_FILE, heldout_spec, without_heldout
 from workflow_scripts.training.launch import launch_training
@@ -103,6 +95,7 @@ from workflow_scripts.training.precision import (
     check_param_dtypes,
     check_saved_dtypes,
     check_supported,
+    enable_cpu_fp16,
     head_param_names,
     load_policy,
     matmul_path,
@@ -119,6 +112,8 @@ from workflow_scripts.training.ranks import (
     shard_reference,
 )
 from workflow_scripts.training.run_record import peak_gpu_memory, versions, vllm_record
+from workflow_scripts.training.sampler import arm_train_config
+from workflow_scripts.training.sampler import plan as sampler_plan
 from workflow_scripts.training.train_health import NonFiniteGuard, assess_health
 
 __all__ = ["from_snakemake", "job_from_config", "main", "read_metrics", "run", "run_or_launch", "train_run"]
@@ -228,6 +223,8 @@ def run(
     determinism = apply_determinism(mode)
     world = world_size_from_env(None)
     sharded = strategy(train_cfg) == "fsdp"
+    sampler = sampler_plan(mode, train_cfg, device, sharded)  # the arm's sampler, its correction (sampler)
+    train_cfg = arm_train_config(train_cfg, mode, sampler)
     stream_seed = train_seed(mode, seed)  # seed + the arm's seed_offset (a negative control's own seeds)
     args = grpo_config(train_cfg, mode, stream_seed, ckpt_dir, world)  # checks the train section once
     if args.steps_per_generation * args.num_iterations <= args.gradient_accumulation_steps:
@@ -296,9 +293,10 @@ def run(
     trainer_class = make_trainer_class(
         bool(train_cfg["dynamic_sampling"]),
         int(train_cfg["dynamic_sampling_max_rounds"]),
-        vllm_dtype=rollout_dtype(mode.param_dtype, mode.autocast) if train_cfg["use_vllm"] else None,
+        vllm_dtype=mode.sampler_compute_dtype if train_cfg["use_vllm"] else None,
         vllm_settings=train_cfg["vllm"],
         curriculum=schedule["sampler"],
+        sampler_dtype=sampler["dtype"] if sampler["copies"] else None,
     )
     cpu_fsdp = fsdp_on_cpu() if sharded and device == "cpu" else contextlib.nullcontext()
     with tracking_env(train_cfg["report_to"], out_dir), cpu_fsdp:  # tracking: the whole training
@@ -319,6 +317,7 @@ def run(
         if curves:
             curves.trainer = trainer  # its colocated vLLM engine, when it has one
         trainer.remove_callback(PrinterCallback)
+        enable_cpu_fp16(trainer.accelerator)  # an fp16 arm on CPU: autocast and a scaler (precision)
         check_chunked_logprob_head(trainer)  # the memory plan's log-prob head, before any step
         check_distribution(trainer.accelerator, train_cfg, world)
         probe = AutocastProbe(trainer.model)
@@ -374,7 +373,8 @@ def run(
             "device": device,
             **peak_gpu_memory(),  # peak_gpu_memory_gb (allocated), peak_gpu_memory_reserved_gb
             "vllm": vllm_record(trainer),
-            "importance_sampling": importance_sampling_record(args),
+            "sampler": sampler,
+            "importance_sampling": importance_sampling_record(args, sampler),
             "world_size": world,
             "strategy": strategy(train_cfg),
             "distributed_type": trainer.accelerator.distributed_type.name,

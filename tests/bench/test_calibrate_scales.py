@@ -32,6 +32,7 @@ def test_a_planted_effect_multiplies_the_variance_in_its_form_and_nothing_else(c
     assert b.loc[b["precision"] == "B", "x"].equals(rows.loc[rows["precision"] == "B", "x"])
 
 
+@pytest.mark.slow
 def test_the_script_prints_every_scale_and_form_and_finds_a_large_planted_effect(cal, tmp_path, capsys):
     rng = np.random.default_rng(1)
     write_metrics(tmp_path / "a", "fp32", range(1, 17), rng)
@@ -52,6 +53,7 @@ def test_the_script_prints_every_scale_and_form_and_finds_a_large_planted_effect
     assert set(got["null dJ"]) <= {"supported", "inconclusive", "contradicted"}
 
 
+@pytest.mark.slow
 def test_twin_pairs_are_every_ordered_pair_of_the_folder_arms(cal, tmp_path):
     rng = np.random.default_rng(2)
     frames = [

@@ -28,6 +28,7 @@ def write_metrics(folder, arm: str, seeds, rng, spread: float = 0.01):
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_runs_in_two_folders_count_once_and_arms_are_relabelled(null_splits, tmp_path):
     rng = np.random.default_rng(0)
     first = write_metrics(tmp_path / "a", "fp32", range(1, 13), rng)

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    load_test_config,
-    make_workflow_dir,
     mark_done,
-    placeholder_outputs,
+    placeholder_workflow,
     planned_jobs,
     rule_stages,
     run_snakemake,
@@ -51,8 +49,7 @@ def expected_reruns(workdir: Path, module: str) -> set[str]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A workflow dir whose every output exists and is recorded as done."""
-    wf = make_workflow_dir(tmp_path_factory.mktemp("reruns") / "wf", load_test_config())
-    placeholder_outputs(wf)
+    wf = placeholder_workflow(tmp_path_factory, tmp_path_factory.mktemp("reruns") / "wf")
     mark_done(wf)
     return wf
 

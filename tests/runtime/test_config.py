@@ -326,6 +326,7 @@ def _refused(proc: subprocess.CompletedProcess, wf) -> str:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ACCEPTANCE)
 def test_snakemake_refuses_malformed_config_before_any_job(tmp_path, name):
     _, expected, _ = MALFORMED[name]
@@ -334,6 +335,7 @@ def test_snakemake_refuses_malformed_config_before_any_job(tmp_path, name):
     assert f"config.yaml: {expected}" in out
 
 
+@pytest.mark.slow
 def test_snakemake_names_the_configfile_the_user_gave(tmp_path):
     wf = make_workflow_dir(tmp_path / "wf", load_test_config())  # a valid config.yaml beside it
     other = copy.deepcopy(load_test_config())
@@ -344,6 +346,7 @@ def test_snakemake_names_the_configfile_the_user_gave(tmp_path):
     assert "config.yaml:" not in out
 
 
+@pytest.mark.slow
 def test_snakemake_names_file_and_line_of_a_yaml_syntax_error(tmp_path):
     wf = make_workflow_dir(tmp_path / "wf", load_test_config())
     text = (wf / "config.yaml").read_text().splitlines()
@@ -353,6 +356,7 @@ def test_snakemake_names_file_and_line_of_a_yaml_syntax_error(tmp_path):
     assert "config.yaml:3:" in out and "not valid YAML" in out
 
 
+@pytest.mark.slow
 def test_snakemake_refuses_a_configfile_with_a_yaml_syntax_error(tmp_path):
     """Snakemake parses --configfile itself, before the Snakefile: refused before any job, but its
     message names neither file nor line (a Snakemake limitation, see README "Config")."""
@@ -550,6 +554,7 @@ def test_workflow_config_follows_extends_where_snakemake_only_parsed_the_file(tm
     assert list(config["precisions"]) == ["fp32"]
 
 
+@pytest.mark.slow
 def test_snakemake_plans_an_experiment_file_as_its_extended_config(tmp_path):
     wf = make_workflow_dir(tmp_path / "wf", load_test_config())
     _write(wf / "exp.yaml", {"extends": "config.yaml", "replace": ["precisions"], "seeds": [5],

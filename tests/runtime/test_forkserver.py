@@ -16,6 +16,7 @@ import pytest
 
 from workflow_scripts.runtime import forkserver
 
+pytestmark = pytest.mark.slow  # every test starts job processes (and servers) that import torch
 REPO = Path(__file__).resolve().parents[2]
 
 # A job script: delegates first (as startup does for a stage's job), then reports where it ran and what

@@ -119,6 +119,28 @@ def test_the_engine_floor_by_hand():
     assert memory_plan.kv_bytes_per_token(qwen, "float32", 2) == 56 * 1024
 
 
+def test_the_sampler_dtype_sizes_the_engine_and_an_hf_sampler_copy_and_fp16_computes_in_two_bytes():
+    p = 1352
+    fp16 = {"param_dtype": "float32", "autocast": "float16", "sampler_dtype": "float16"}
+    bf16_sampler = {"param_dtype": "float32", "autocast": None, "sampler_dtype": "bfloat16"}
+    fp32 = {"param_dtype": "float32", "autocast": None}
+    train = small_train(kv_cache_gb=None)
+    engine = memory_plan.train_plan(SMALL, bf16_sampler, train, "bfloat16", 2, 1.0)["engine"]
+    assert engine["dtype"] == "bfloat16"  # the engine runs in the sampler's dtype, not the masters'
+    assert memory_plan.train_plan(SMALL, fp16, train, "bfloat16", 2, 1.0)["engine"]["dtype"] == "float16"
+    with_vllm, _, _ = train_terms(SMALL, bf16_sampler, train, "bfloat16", 2, 1.0)
+    assert with_vllm["sampler_copy"] == 0  # vLLM holds the copy, in its share
+    hf = small_train(use_vllm=False)
+    copy_terms, _, _ = train_terms(SMALL, bf16_sampler, hf, "bfloat16", 2, 1.0)
+    assert copy_terms["sampler_copy"] == p * 2  # the HF sampler's own bf16 copy, whole on every process
+    plain, _, _ = train_terms(SMALL, fp32, hf, "bfloat16", 2, 1.0)
+    assert plain["sampler_copy"] == 0
+    assert copy_terms["activations"] == plain["activations"]  # fp32 compute in both
+    fp16_terms, _, _ = train_terms(SMALL, fp16, hf, "bfloat16", 2, 1.0)
+    assert fp16_terms["activations"] == plain["activations"] / 2  # fp16 autocast: 2-byte activations
+    assert fp16_terms["weights"] == plain["weights"]  # fp32 masters
+
+
 def test_sleep_mode_counts_the_larger_of_the_engine_and_the_trainers_transient_terms_not_their_sum():
     fp32 = {"param_dtype": "float32", "autocast": None}
     awake = memory_plan.train_plan(SMALL, fp32, small_train(), "bfloat16", processes=2, gpu_gib=1.0)

@@ -130,6 +130,7 @@ def _planned(out: str) -> dict[str, tuple[int, dict[str, str]]]:
     return jobs
 
 
+@pytest.mark.slow
 def test_a_configfile_with_two_train_gpus_plans_a_two_gpu_train_job(tmp_path):
     wf = make_workflow_dir(tmp_path / "wf", load_test_config())
     config = load_test_config()

@@ -87,6 +87,21 @@ def test_a_bundle_without_a_single_factor_arm_for_every_part_says_which_is_missi
     out = dc.decompose(t[t["precision"] != "fp32_drop"], TASKS, am.arms_block(specs, list(specs)), 0.05)
     b = out["bundles"]["bf16_drop"]
     assert b["status"] == "incomplete" and "dropout 0.1" in b["reason"]
+    # still: the bundle's whole effect, and dropout's effect given the stall (bf16_drop - bf16)
+    whole = b["whole"]["on_task_dJ"]
+    assert whole["ci"][0] < STALL + DROPOUT < whole["ci"][1]
+    given = b["nested"]["bf16"]
+    assert given["factor"] == "dropout"
+    assert given["given"] == ["rounding stall (bf16 masters, round-to-nearest)"]
+    assert given["on_task_dJ"]["ci"][0] < DROPOUT < given["on_task_dJ"]["ci"][1]
+    assert set(b["nested"]) == {"bf16"}  # not bf16_sr (another masters value), not the twin (a control)
+
+
+def test_each_factor_of_a_complete_bundle_is_also_given_the_other():
+    b = decomposed(table())["bundles"]["bf16_drop"]
+    assert {o: n["factor"] for o, n in b["nested"].items()} == {"bf16": "dropout", "fp32_drop": "masters"}
+    stall = b["nested"]["fp32_drop"]["on_task_dJ"]  # bf16_drop - fp32_drop: the stall given dropout
+    assert stall["ci"][0] < STALL < stall["ci"][1]
 
 
 def test_missing_or_zero_kl_leaves_out_the_log_scale_only():

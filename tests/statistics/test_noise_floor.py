@@ -58,6 +58,7 @@ def test_a_table_without_repeats_has_no_floor():
     assert len(without_repeats(table.drop(columns="repeat"))) == 2
 
 
+@pytest.mark.slow
 def test_repeats_plan_their_own_training_and_evaluation_but_no_sparsity(tmp_path, test_config):
     test_config["repeats"] = [{"precision": "bf16", "seed": 1, "copies": 2}]
     wf = make_workflow_dir(tmp_path / "wf", test_config)
@@ -75,6 +76,7 @@ def test_repeats_plan_their_own_training_and_evaluation_but_no_sparsity(tmp_path
 # ------------------------------------------------------------------------------------ real tiny runs
 
 
+@pytest.mark.slow
 def test_two_real_repeats_are_bit_identical_on_cpu_so_the_floor_is_exactly_zero(tiny_base, tmp_path):
     config = json.loads(json.dumps(tiny_base["config"]))
     config["train"].update(max_steps=4, kl_every=100, kl_prompts=2, kl_samples=1, learning_rate=1e-3,

@@ -74,6 +74,7 @@ def test_one_process_is_never_launched():
         accelerate_command(1, [])
 
 
+@pytest.mark.slow
 def test_a_failed_launch_raises_with_the_log_and_every_rank_output_is_in_it(tmp_path):
     log = tmp_path / "logs" / "train.log"
     config = validate_config(load_test_config(), check_files=False)
@@ -198,13 +199,14 @@ def _assert_two_rank_run(out, steps: int) -> dict:
     return run
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(tmp_path):
     config = load_test_config()
     config["train"].update(max_steps=4, checkpoint_every=2, kl_every=2, distributed={"processes": 2})
     config["seeds"] = [1]
     workdir = make_workflow_dir(tmp_path / "wf", config)
     target = "results/train/fp32/seed1/run.json"
-    proc = run_snakemake(workdir, target, timeout=400)
+    proc = run_snakemake(workdir, target, timeout=400)  # its own run: the only 2-process train job
     log = workdir / "logs" / "train" / "fp32" / "seed1.log"
     assert proc.returncode == 0, proc.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
     out = workdir / "results" / "train" / "fp32" / "seed1"
@@ -247,6 +249,7 @@ _PARENT = "import json, sys; from workflow_scripts.training.launch import launch
 )
 
 
+@pytest.mark.slow
 def test_a_killed_two_process_job_stops_its_workers_and_resumes_bit_identically(tiny_base, uninterrupted):
     """A second run of the deterministic fp32 arm, killed after its first checkpoint and resumed, ends with
     the uninterrupted run's weights bit for bit: two 2-process runs agree, and resuming loses nothing.
@@ -283,6 +286,7 @@ FSDP_ARMS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", sorted(FSDP_ARMS))
 def test_fsdp_on_two_gloo_processes_shards_policy_and_reference_and_keeps_the_contract_on_every_rank(
     tiny_base, arm

@@ -20,6 +20,7 @@ from workflow_scripts.training.precision import (
     check_param_dtypes,
     check_saved_dtypes,
     check_supported,
+    enable_cpu_fp16,
     load_policy,
     mode_from_config,
     saved_dtypes,
@@ -122,13 +123,31 @@ def test_trainer_args_always_set_bf16_and_fp16_explicitly():
     assert trainer_precision_args(PrecisionMode("amp16", "float32", autocast="float16"))["fp16"] is True
 
 
-def test_fp16_autocast_needs_cuda_with_a_clear_error():
+def test_fp16_autocast_runs_on_cuda_and_cpu_and_is_refused_elsewhere_with_a_clear_error():
     mode = PrecisionMode("fp16_amp", "float32", autocast="float16")
-    with pytest.raises(PrecisionError, match="needs a CUDA device"):
-        check_supported(mode, "cpu")
-    with pytest.raises(PrecisionError, match="needs a CUDA device"):
-        autocast_context(mode, "cpu")
+    check_supported(mode, "cpu")  # torch's CPU autocast and GradScaler (enable_cpu_fp16)
+    with autocast_context(mode, "cpu"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+    with pytest.raises(PrecisionError, match="runs on CUDA or CPU"):
+        check_supported(mode, "mps")
     check_supported(PrecisionMode("amp", "float32", autocast="bfloat16"), "cpu")  # fine on CPU
+
+
+def test_accelerate_silently_skips_fp16_on_cpu_and_enable_cpu_fp16_switches_autocast_and_a_scaler_on():
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()  # the process-wide state (as the Trainer does before its own)
+    try:
+        accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+        assert accelerator.scaler is None and accelerator.native_amp is False  # accelerate 1.15 on CPU: fp32
+        assert enable_cpu_fp16(accelerator) is True
+        assert isinstance(accelerator.scaler, torch.amp.GradScaler) and accelerator.native_amp
+        with accelerator.autocast():
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+        assert enable_cpu_fp16(accelerator) is False  # once
+    finally:
+        AcceleratorState._reset_state()
 
 
 def test_determinism_switch_is_set_and_unset():

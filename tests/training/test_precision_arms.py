@@ -54,6 +54,7 @@ def arm_runs(tiny_base) -> dict:
     return {name: train(tiny_base, name) for name in (*ARMS, "fp32")}
 
 
+@pytest.mark.slow
 def test_every_arm_records_a_contract_that_held_at_the_first_optimizer_step(arm_runs):
     for name, result in arm_runs.items():
         contract = result["run"]["precision_contract"]
@@ -62,6 +63,7 @@ def test_every_arm_records_a_contract_that_held_at_the_first_optimizer_step(arm_
         assert {k: observed[k] for k in contract["expected"]} == contract["expected"], name
 
 
+@pytest.mark.slow
 def test_bf16_arms_run_the_products_on_the_path_they_ask_for(arm_runs):
     assert arm_runs["bf16_emulated"]["run"]["bf16_matmul"]["path"] == "emulated"
     assert arm_runs["bf16_native"]["run"]["bf16_matmul"]["path"] == "native"
@@ -78,6 +80,7 @@ def test_bf16_arms_run_the_products_on_the_path_they_ask_for(arm_runs):
         assert run["precision_contract"]["observed"]["optimizer_state_body"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_arm_keeps_bf16_masters_and_states_and_moves_more_weights(arm_runs, tiny_base):
     sr, nearest = arm_runs["bf16_sr"], arm_runs["bf16_emulated"]
     assert sr["run"]["optimizer"] == {
@@ -101,6 +104,7 @@ def test_stochastic_rounding_arm_keeps_bf16_masters_and_states_and_moves_more_we
     assert bit_identical(sr["weights"], again["weights"])
 
 
+@pytest.mark.slow
 def test_the_noisy_fp32_arm_trains_with_update_noise_and_differs_from_fp32(arm_runs):
     noisy, clean = arm_runs["fp32_noisy"], arm_runs["fp32"]
     assert (
@@ -111,6 +115,7 @@ def test_the_noisy_fp32_arm_trains_with_update_noise_and_differs_from_fp32(arm_r
     assert {t.dtype for t in noisy["weights"].values()} == {torch.float32}
 
 
+@pytest.mark.slow
 def test_a_negative_control_twin_trains_its_own_seeds_and_is_fp32_there(arm_runs, tiny_base):
     twin = arm_runs["fp32_twin"]
     assert twin["run"]["seed"] == 1 and twin["run"]["train_seed"] == 1001
@@ -119,6 +124,7 @@ def test_a_negative_control_twin_trains_its_own_seeds_and_is_fp32_there(arm_runs
     assert bit_identical(twin["weights"], train(tiny_base, "fp32", seed=1001)["weights"])  # fp32 at s+1000
 
 
+@pytest.mark.slow
 def test_an_fp32_lm_head_over_bf16_masters_is_stored_trained_and_saved_in_fp32(arm_runs, tiny_base):
     run = arm_runs["bf16_head32"]["run"]
     observed = run["precision_contract"]["observed"]

@@ -223,6 +223,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_resumes_bit_identically(tiny_base, tmp_path):
     from transformers import TrainerCallback
 
@@ -252,7 +253,8 @@ def test_the_colocated_vllm_engine_is_built_in_the_arms_rollout_dtype_not_vllms_
     import trl
     from trl.generation import vllm_generation
 
-    from workflow_scripts.training.grpo_trainer import make_trainer_class, rollout_dtype
+    from workflow_scripts.training.grpo_trainer import make_trainer_class
+    from workflow_scripts.training.precision import PrecisionMode
 
     built = []
     monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: built.append(kw) or "engine", raising=False)
@@ -261,9 +263,12 @@ def test_the_colocated_vllm_engine_is_built_in_the_arms_rollout_dtype_not_vllms_
         self.engine = vllm_generation.LLM(model="base")
 
     monkeypatch.setattr(trl.GRPOTrainer, "__init__", fake_init)
-    assert rollout_dtype("float32", None) == "float32"
-    assert rollout_dtype("float32", "bfloat16") == "bfloat16"
-    assert rollout_dtype("bfloat16", None) == "bfloat16"
+    arm = PrecisionMode.from_config
+    assert arm("a", {"param_dtype": "float32"}).sampler_compute_dtype == "float32"
+    assert arm("a", {"param_dtype": "float32", "autocast": "bfloat16"}).sampler_compute_dtype == "bfloat16"
+    assert arm("a", {"param_dtype": "bfloat16"}).sampler_compute_dtype == "bfloat16"
+    own = arm("a", {"param_dtype": "float32", "sampler_dtype": "bfloat16"})
+    assert own.sampler_compute_dtype == "bfloat16" and own.sampler_copies
     make_trainer_class(vllm_dtype="float32")()
     make_trainer_class()()  # without vLLM nothing is wrapped: vLLM's own default
     assert built == [{"model": "base", "dtype": "float32"}, {"model": "base"}]

@@ -26,6 +26,7 @@ def unstable(tiny_base, tmp_path_factory) -> dict:
     return {"out": root / "out", "run": json.loads((root / "out" / "run.json").read_text())}
 
 
+@pytest.mark.slow
 def test_unstable_learning_rate_marks_the_run_diverged(unstable):
     health = unstable["run"]["health"]
     assert health["diverged"] is True
@@ -33,6 +34,7 @@ def test_unstable_learning_rate_marks_the_run_diverged(unstable):
     assert health["kl_estimator"] == "rb" and health["max_kl"] > health["bounds"]["max_kl"]
 
 
+@pytest.mark.slow
 def test_tensorboard_events_land_in_the_runs_results_folder(unstable):
     events = list((unstable["out"] / "tb").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0

@@ -30,6 +30,7 @@ ENGINE = {"gpu_memory_utilization": 0.3, "kv_cache_gb": 0.25, "max_model_len": 1
 CORRECTION = {
     "fp32": {"correction": True, "mode": "token_truncate", "clip_min": None, "clip_max": 2.0},
     "bf16": {"correction": False, "mode": "token_truncate", "clip_min": None, "clip_max": 3.0},
+    "fp32_bf16s": {"correction": False, "mode": "token_truncate", "clip_min": None, "clip_max": 3.0},
 }
 
 
@@ -37,10 +38,12 @@ CORRECTION = {
 def runs(tmp_path_factory) -> dict:
     base = build_tiny_base(tmp_path_factory.mktemp("vllm_base"), VLLM_TINY)
     out = {}
-    for arm, curves in (("fp32", True), ("bf16", True), ("fp32", False)):
-        name = arm if curves else f"{arm}-no-curves"
+    for arm, curves in (("fp32", True), ("bf16", True), ("fp32", False), ("fp32_bf16s", False)):
+        name = arm if curves or arm == "fp32_bf16s" else f"{arm}-no-curves"
         config = json.loads(json.dumps(base["config"]))
         config["precisions"]["bf16"]["dropout"] = 0.0
+        # an fp32 trainer whose engine samples in bf16 (TRL's colocate default), correction off
+        config["precisions"]["fp32_bf16s"] = {**config["precisions"]["fp32"], "sampler_dtype": "bfloat16"}
         config["train"].update(max_steps=STEPS, checkpoint_every=100, kl_every=100, learning_rate=1e-3,
                                use_vllm=True, vllm=ENGINE, importance_sampling=CORRECTION[arm],
                                dynamic_sampling=True)  # fmt: skip
@@ -103,6 +106,17 @@ def test_the_sampler_gap_is_measured_from_the_engines_log_probs_per_arm(runs):
     fp32, bf16 = runs["fp32"]["run"]["sampler_gap"], runs["bf16"]["run"]["sampler_gap"]
     assert fp32["max"] < 1e-4 and fp32["outside_clip_mean"] == 0.0  # fp32, no dropout: kernel noise
     assert bf16["mean"] > 100 * fp32["mean"]  # bf16's rounding, in vLLM's kernels and the trainer's
+
+
+def test_an_engine_in_another_dtype_than_the_trainer_gives_a_gap_the_matched_fp32_engine_does_not(runs):
+    mismatched = runs["fp32_bf16s"]["run"]
+    assert mismatched["vllm"]["model_dtype"] == "bfloat16" and mismatched["sampler"]["dtype"] == "bfloat16"
+    assert mismatched["sampler"]["backend"] == "vllm" and mismatched["sampler"]["copies"] is False
+    observed = mismatched["precision_contract"]["observed"]
+    assert observed["params_body"] == "float32" and observed["rollout_dtype"] == "bfloat16"
+    fp32 = runs["fp32"]["run"]["sampler_gap"]
+    assert mismatched["sampler_gap"]["mean"] > 100 * fp32["mean"]  # bf16 engine vs fp32 trainer
+    assert mismatched["sampler_gap"]["mean"] > 1e-3
 
 
 def test_dynamic_sampling_filters_vllm_rollouts(runs):

@@ -208,6 +208,7 @@ def _sandbox_processes(uids) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("row", "code", "status", "limit"), ADVERSARIAL, ids=[r[0] for r in ADVERSARIAL])
 def test_every_adversarial_completion_is_wrong_and_leaves_nothing(row, code, status, limit):
     if limit == "disk" and MODE != "namespaces":

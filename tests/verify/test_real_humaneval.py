@@ -14,6 +14,8 @@ import pytest
 from workflow_scripts.tasks.real_datasets import DATASETS, bundled_copy, load_dataset_rows
 from workflow_scripts.verify.verifiers import verify_batch
 
+pytestmark = pytest.mark.slow  # runs every bundled HumanEval solution in the sandbox (~20 s)
+
 BROKEN = ("    return None\n", "    import sys\n    sys.exit(0)\n")
 
 

@@ -49,6 +49,7 @@ def test_the_vendored_table_is_the_whole_suite():
     assert sum(c["expected"] for c in CASES) == 232 and sum(not c["expected"] for c in CASES) == 38
 
 
+@pytest.mark.slow
 def test_every_default_settings_case_agrees_with_default_settings():
     cases = [c for c in CASES if _uses_defaults(c)]
     assert len(cases) == 149

@@ -472,6 +472,7 @@ def _jsonl(name: str) -> list[dict]:
     return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_adversarial_code_completions_are_wrong_and_leave_nothing():
     from workflow_scripts.verify.sandbox import capabilities
 

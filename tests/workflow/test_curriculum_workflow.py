@@ -24,7 +24,7 @@ def test_two_phase_curriculum_switches_in_metrics(tmp_path):
     config["seeds"] = [1]
     config["train"].update(max_steps=8, checkpoint_every=100, kl_every=100, eval_every=4, curriculum=PHASES)
     work = make_workflow_dir(tmp_path / "wf", config)
-    proc = run_snakemake(work, "results/train/fp32/seed1/run.json")
+    proc = run_snakemake(work, "results/train/fp32/seed1/run.json")  # its own run: the only curriculum config
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     small = read_rows(work / "results/data/curriculum/phase0.jsonl")

@@ -73,7 +73,7 @@ def test_the_factorial_config_adds_a_stochastic_rounding_twin_of_the_bf16_arm():
 def test_a_few_step_factorial_runs_end_to_end_and_each_arm_is_what_it_names(tmp_path):
     config = few_step_factorial()
     wf = make_workflow_dir(tmp_path / "wf", config)
-    proc = run_snakemake(wf, timeout=1500)
+    proc = run_snakemake(wf, timeout=1500)  # its own run: the only one on the factorial's arms
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, arm in config["precisions"].items():
         for seed in config["seeds"]:

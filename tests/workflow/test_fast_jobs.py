@@ -185,6 +185,7 @@ print(json.dumps(state))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_job_uses_exactly_its_threads_and_waits_passively(n):
     env = {k: v for k, v in os.environ.items() if not k.endswith("_THREADS") and k != "OMP_WAIT_POLICY"}
@@ -197,6 +198,7 @@ def test_a_job_uses_exactly_its_threads_and_waits_passively(n):
     assert state["TOKENIZERS_PARALLELISM"] == ("true" if n > 1 else "false")
 
 
+@pytest.mark.slow
 def test_a_job_whose_threads_cover_every_cpu_spins_and_its_children_wait_passively():
     """Threads = every CPU of the process (the warm start on 2 cores): no neighbour to steal from, so
     OpenMP keeps its spinning wait; fewer threads than CPUs (or one): passive. Children always passive."""
@@ -230,6 +232,7 @@ def test_limiting_threads_is_idempotent_and_imports_no_torch_itself():
     assert proc.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.slow
 def test_the_evaluate_stage_imports_no_trainer_vllm_or_plotting_library():
     banned = ("trl", "vllm", "matplotlib", "seaborn", "statsmodels", "datasets")
     code = f"import sys, workflow_scripts.evaluate; print(sorted(set(sys.modules) & {set(banned)!r}))"
@@ -241,33 +244,21 @@ def test_the_evaluate_stage_imports_no_trainer_vllm_or_plotting_library():
 # ----------------------------------------------------------------------------------- snakemake level
 
 
-def fake_finished_workflow(wf: Path) -> None:
-    """Every output of the DAG as an empty file (or folder), recorded by Snakemake as made by its job."""
-    from conftest import run_snakemake
-
-    plan = run_snakemake(wf, "--dry-run", timeout=300)
-    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
-    for line in plan.stdout.splitlines():
-        if line.strip().startswith("output:"):
-            for name in line.split("output:", 1)[1].split(","):
-                path = wf / name.strip()
-                if "." in path.name:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.touch()
-                else:  # directory() outputs: model folders
-                    path.mkdir(parents=True, exist_ok=True)
-    touched = run_snakemake(wf, "--touch", "--forceall", timeout=300)  # --touch alone records no params
-    assert touched.returncode == 0, touched.stdout[-3000:] + touched.stderr[-3000:]
-
-
 @pytest.mark.slow
-def test_a_finished_workflow_plans_only_the_jobs_a_new_seed_or_a_new_task_needs(tmp_path):
+def test_a_finished_workflow_plans_only_the_jobs_a_new_seed_or_a_new_task_needs(tmp_path, tmp_path_factory):
     """Dry runs of a finished workflow (faked: empty outputs with Snakemake's records of params and code)."""
-    from conftest import load_test_config, make_workflow_dir, planned_jobs, set_key
+    from conftest import (
+        load_test_config,
+        make_workflow_dir,
+        mark_done,
+        placeholder_workflow,
+        planned_jobs,
+        set_key,
+    )
 
     config = load_test_config()
-    wf = make_workflow_dir(tmp_path / "wf", config)
-    fake_finished_workflow(wf)
+    wf = placeholder_workflow(tmp_path_factory, tmp_path / "wf")  # every output an empty file (or folder)
+    mark_done(wf)  # recorded by Snakemake as made by its job (--touch alone records no params)
     assert planned_jobs(wf) == {}
     # one more seed, typed on the command line as the README's recipe does it: only that seed's jobs
     seeds = [*config["seeds"], max(config["seeds"]) + 1]

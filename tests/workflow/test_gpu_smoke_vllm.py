@@ -30,7 +30,7 @@ def vllm_twin_config() -> dict:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> dict:
+def smoke(tmp_path_factory) -> dict:  # its own run: the vLLM twin (.venv-vllm only)
     return run_smoke(tmp_path_factory.mktemp("gpu_smoke_vllm"), vllm_twin_config())
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, make_workflow_dir
+from conftest import REPO, SNAKEMAKE, log_workflow_run, make_workflow_dir
 
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.config import load_config
@@ -63,6 +63,7 @@ def expected_jobs(config: dict) -> dict[str, int]:
 def dry_run(workdir: Path, argv: list[str]) -> str:
     assert argv[0] == "snakemake"
     cmd = [SNAKEMAKE, "--dry-run", *argv[1:]]
+    log_workflow_run(cmd[1:])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -85,7 +86,9 @@ def job_counts(stdout: str) -> dict[str, int]:
 def test_shipped_config_plans_its_own_jobs_with_the_readme_command(tmp_path, name):
     default = yaml.safe_load((REPO / "config.yaml").read_text())
     wf = make_workflow_dir(tmp_path / "wf", default)  # config.yaml beside it, always
-    shutil.copy2(REPO / name, wf / name)
+    for shipped in SHIPPED:  # the file and any it extends (config.one-node.yaml extends config.paper.yaml)
+        if shipped != "config.yaml":
+            shutil.copy2(REPO / shipped, wf / shipped)
     config = load_config(REPO / name, check_files=False)
     out = dry_run(wf, readme_command(name))
     assert job_counts(out) == expected_jobs(config)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SNAKEMAKE, load_test_config, make_workflow_dir
+from conftest import REPO, SNAKEMAKE, load_test_config, log_workflow_run, make_workflow_dir
 
 pytestmark = pytest.mark.slow
 
@@ -277,6 +277,7 @@ def _run_config() -> dict:
 @pytest.fixture(scope="module")
 def slurm_run(slurm_cluster, tmp_path_factory):
     """prepare -> base_model -> train -> evaluate through the profile, and the same targets locally."""
+    # its own runs: every job through SLURM, and a local reference on the same config (10 SFT steps)
     tmp_path = tmp_path_factory.mktemp("run")
     config = _run_config()
     local = make_workflow_dir(tmp_path / "local", config)
@@ -303,6 +304,8 @@ def slurm_run(slurm_cluster, tmp_path_factory):
         "--slurm-no-account", "--slurm-keep-successful-logs",
         *TARGETS,
     ]  # fmt: skip
+    log_workflow_run(local_cmd[1:], via="snakemake (local reference)")
+    log_workflow_run(cmd[5:], via="snakemake --profile profiles/slurm")
     started = time.monotonic()
     try:
         proc = subprocess.run(

@@ -20,14 +20,14 @@ EVAL_SETS = [f"results/data/eval/{task}.jsonl" for task in ("add_sub", "mul", "m
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from conftest import load_test_config, make_workflow_dir
+    """BASE and EVAL_SETS made: a copy of the session's run of them (with the base model's evaluation,
+    tests/test_evaluate.py's start: conftest.base_evaluated); this module edits its config.yaml."""
+    from conftest import base_evaluated, copy_workflow
 
-    wf = make_workflow_dir(tmp_path_factory.mktemp("foundation") / "wf", load_test_config())
-    proc = run_snakemake(wf, BASE, *EVAL_SETS, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return wf
+    return copy_workflow(base_evaluated(tmp_path_factory), tmp_path_factory.mktemp("foundation") / "wf")
 
 
+@pytest.mark.quick  # `make test-quick`'s end-to-end run: data, base model and its evaluation via snakemake
 def test_outputs_of_data_and_base_model(built):
     summary = json.loads((built / "results/data/prepare.json").read_text())
     counts = {t: len(read_rows(built / f"results/data/eval/{t}.jsonl")) for t in ("add_sub", "mul", "mcq")}
@@ -142,16 +142,15 @@ def test_a_stage_module_is_also_its_command_line():
     assert proc.returncode == 0 and "--no-cast-base-to-final" in proc.stdout, proc.stderr
 
 
-def test_sparsity_and_overlap_rules_run_their_stage_modules(tmp_path):
+def test_sparsity_and_overlap_rules_run_their_stage_modules(tmp_path, tmp_path_factory):
     """The convention end to end on real (tiny) checkpoints: snakemake runs workflow_scripts/sparsity.py
     and overlap.py as scripts; the upstream outputs are placeholders marked done with --touch."""
     import pandas as pd
     import torch
-    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_outputs
+    from conftest import mark_done, placeholder_workflow
     from safetensors.torch import save_file
 
-    wf = make_workflow_dir(tmp_path / "wf", load_test_config())
-    placeholder_outputs(wf)
+    wf = placeholder_workflow(tmp_path_factory, tmp_path / "wf")
     weights = torch.linspace(-1, 1, 64)
     save_file({"model.layers.0.mlp.up_proj.weight": weights}, wf / "results/models/base/model.safetensors")
     for seed in (1, 2):

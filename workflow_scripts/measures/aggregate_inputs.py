@@ -80,6 +80,10 @@ TRAIN_COLUMNS = [
     "sampler_gap_max",
     "sampler_gap_outside_clip",
     "sampler_gap_clipped",
+    "sampler_gap_kl_k1",
+    "sampler_gap_kl_k3",
+    "sampler_gap_log_ppl_abs_diff",
+    "sampler_gap_growth",
     "vllm_logp_diff_mean",
     "loss_scale_final",
     "skipped_steps",
@@ -111,6 +115,13 @@ CURVE_COLUMNS = [
     "wall_time_s",
     "sampler_gap_mean",
     "sampler_gap_outside_clip",
+    "sampler_gap_max",
+    "sampler_gap_clipped",
+    "sampler_gap_kl_k1",
+    "sampler_gap_kl_k3",
+    "sampler_gap_log_ppl_abs_diff",
+    "sampler_gap_growth",
+    *metrics_log.GAP_POSITION_KEYS,  # sampler_gap_pos_<k>: mean |gap| per log2 position bin
     "loss_scale",
     "step_skipped",
     "phase",
@@ -301,6 +312,10 @@ def train_summary(steps: Sequence[dict], run_record: Mapping) -> dict:
         sampler_gap_max=_num(gap["max"]),
         sampler_gap_outside_clip=_num(gap["outside_clip_mean"]),
         sampler_gap_clipped=_num(gap["clipped_mean"]),
+        sampler_gap_kl_k1=_num(gap["kl_k1_mean"]),
+        sampler_gap_kl_k3=_num(gap["kl_k3_mean"]),
+        sampler_gap_log_ppl_abs_diff=_num(gap["log_ppl_abs_diff_mean"]),
+        sampler_gap_growth=_num(gap["growth_mean"]),
         vllm_logp_diff_mean=_num(gap["vllm_logp_diff_mean"]),
         loss_scale_final=_num(scale.get("final")),
         skipped_steps=_num(scale.get("skipped_steps")),
@@ -327,7 +342,7 @@ def run_record_columns(record: Mapping, path: str | os.PathLike, warn: list[str]
         by_module = {str(k): _num(v) for k, v in (rep.get("by_module_type") or {}).items()}
     else:
         frac, lr, by_module = math.nan, math.nan, {}
-        warn.append(f"{path}: no 'representable_update' (written by train since issue 10): shown as n/a")
+        warn.append(f"{path}: no 'representable_update' (an older run's record): shown as n/a")
     return {
         "diverged": diverged,
         "health_reasons": reasons,

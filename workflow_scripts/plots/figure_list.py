@@ -7,7 +7,9 @@ the first sentence of its caption in report/<name>.rst. Adding a figure = one en
 in figures.py, one caption file. Torch- and matplotlib-free: the Snakefile imports it when parsing.
 """
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 FIGURES: dict[str, str] = {
@@ -19,6 +21,7 @@ FIGURES: dict[str, str] = {
     "sparsity_vs_eta": "Update sparsity",
     "overlap": "Update sparsity",
     "training_curves": "Training",
+    "mismatch": "Training",
     "heldout_curves": "Learning curves",
     "heldout_variance": "Learning curves",
 }
@@ -38,3 +41,15 @@ def note(name: str, report_dir: Path = REPORT_DIR) -> str:
         return ""
     text = re.sub(r"``([^`]*)``", r"\1", " ".join(text.split()))
     return re.split(r"(?<=[.:])\s", text, maxsplit=1)[0].rstrip(".:")
+
+
+def figures_section(figures: Mapping[str, str | os.PathLike], report_path: str | os.PathLike) -> str:
+    """report.md's "Figures": each figure linked relative to the report, with its ``note``."""
+    if not figures:
+        return ""
+    here = Path(report_path).resolve().parent
+    out = ["## Figures", ""]
+    for name, path in figures.items():
+        rel = os.path.relpath(Path(path).resolve(), here)
+        out.append(f"- [{name}]({rel}): {note(name)}".rstrip(": "))
+    return "\n".join([*out, ""])

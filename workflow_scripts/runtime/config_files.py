@@ -138,6 +138,34 @@ def _node(tree: Any, path: Sequence[Any]) -> tuple[bool, Any]:
     return True, tree
 
 
+# The Snakemake ``snakemake_sources`` was written against: pyproject.toml's pin (a test keeps them equal).
+SNAKEMAKE_PIN = "snakemake==9.27.1"
+
+
+def snakemake_sources(workflow: Any) -> tuple[list[Any], dict]:
+    """(the ``--configfile`` files in the order given, the ``--config`` pairs alone) of the running
+    Snakemake invocation, for ``config.workflow_config`` (rules/common.smk).
+
+    Snakemake has no public API for either: the Snakefile's ``config`` is already the merge of both, the
+    files as written (``extends`` unread). They are read from ``workflow.config_settings``, the
+    ``snakemake.settings.types.ConfigSettings`` that the command line (and the Python API) builds:
+    ``configfiles`` (absolute Paths; Snakemake's own ``workflow.overwrite_configfiles`` returns the same
+    list) and ``config`` (the pairs, before any file). The Workflow attribute is Snakemake's internal, so
+    a Snakemake other than the pinned one may move it: that is a ConfigError here, naming the pin, and
+    tests/runtime/test_snakemake_sources.py fails on an upgrade that moves it or changes its shape."""
+    settings = getattr(workflow, "config_settings", None)
+    files = getattr(settings, "configfiles", None)
+    pairs = getattr(settings, "config", None)
+    if isinstance(files, str | bytes) or not isinstance(files, Sequence) or not isinstance(pairs, Mapping):
+        raise ConfigError(
+            "cannot read the --configfile list and --config pairs from this Snakemake: rules/common.smk reads"
+            f" workflow.config_settings.configfiles and .config, Snakemake internals of {SNAKEMAKE_PIN} (the"
+            f" version pyproject.toml pins; got {type(settings).__name__} with configfiles"
+            f" {type(files).__name__}, config {type(pairs).__name__}); install the pinned version"
+        )
+    return list(files), dict(pairs)
+
+
 def _as_given(path: str | os.PathLike) -> str:
     """Snakemake makes --configfile paths absolute; show them relative to the working dir if inside it."""
     rel = os.path.relpath(path)

@@ -16,6 +16,8 @@ The train job, per GPU (P parameters, p param bytes, c compute bytes, G = proces
 | gradients   | P x p / G                                                                                 |
 | optimizer   | 2 x P x p / G (AdamW's two states in the masters' dtype, the contract)                    |
 | reference   | P x model.dtype bytes / G (the KL log's base model, sharded like the policy)              |
+| sampler_copy| the HF sampler's own copy of the policy (an arm with its own sampler_dtype s, no vLLM):   |
+|             | P x s; else 0                                                                             |
 | gathered    | FSDP2's working set: the root unit (embeddings + LM head + final norm; the decoder layers |
 |             | are the wrapped units) stays gathered through forward and backward and its unsharded      |
 |             | gradients live until the root's reduce-scatter at the end of backward: 2 x root x p; two  |
@@ -42,7 +44,8 @@ b completions per micro-batch and process (prompts_per_step x num_generations / 
 x processes)), T tokens a sequence (train.vllm.max_model_len, else the model's positions), C =
 train.max_completion_length, h hidden size, kv = kv heads x head dim, I intermediate size, V vocabulary.
 
-The colocated engine's floor, per GPU (t = train.vllm.tensor_parallel_size, e = the arm's rollout bytes):
+The colocated engine's floor, per GPU (t = train.vllm.tensor_parallel_size, e = the arm's sampler bytes:
+sampler_dtype, else autocast, else param_dtype):
 
 | term       | bytes                                                                                       |
 |------------|---------------------------------------------------------------------------------------------|
@@ -96,7 +99,7 @@ KEYS_FOR_THE_ENGINE = (
     "train.vllm.max_num_seqs / max_num_batched_tokens (a smaller start-up profile)",
     "train.vllm.min_concurrent_seqs (fewer sequences at once: slower rollouts)",
 )
-TRAIN_TERMS = ("weights", "gradients", "optimizer", "reference", "gathered", "activations",
+TRAIN_TERMS = ("weights", "gradients", "optimizer", "reference", "sampler_copy", "gathered", "activations",
                "logprob_head", "context", "fragmentation", "vllm")  # fmt: skip
 TRANSIENT = ("gathered", "activations", "logprob_head")  # freed between steps: the sleeping engine's room
 ENGINE_TERMS = ("weights", "profiling", "graphs", "non_torch", "kv")
@@ -298,6 +301,17 @@ def engine_plan(dims: Dims, dtype: str, train: Mapping, processes: int, gpu_tota
     return plan
 
 
+def sampler_dtype(mode: Mapping) -> str:
+    """The dtype an arm samples in (``PrecisionMode.sampler_compute_dtype``, from its config entry)."""
+    return mode.get("sampler_dtype") or mode.get("autocast") or mode["param_dtype"]
+
+
+def copies_sampler(mode: Mapping) -> bool:
+    """Whether the HF sampler holds its own copy (``PrecisionMode.sampler_copies``)."""
+    own = mode.get("sampler_dtype")
+    return own is not None and not (own == mode["param_dtype"] and not mode.get("autocast"))
+
+
 def train_terms(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, processes: int,
                 gpu_gib: float | None) -> tuple[dict[str, float], int, int]:  # fmt: skip
     """One arm's train job per GPU in bytes, term by term (the module table); and b and T.
@@ -310,11 +324,13 @@ def train_terms(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, pro
     shard = processes if strategy == "fsdp" else 1
     b = micro_batch(train, processes)
     tokens = train["vllm"]["max_model_len"] or dims.positions
+    own_copy = copies_sampler(mode) and not train["use_vllm"]
     terms = {
         "weights": p * param / shard,
         "gradients": p * param / shard,
         "optimizer": 2 * p * param / shard,
         "reference": p * BYTES[model_dtype] / shard,
+        "sampler_copy": p * BYTES[sampler_dtype(mode)] if own_copy else 0,
         "gathered": gathered_bytes(dims, param, strategy, processes),
         "activations": activation_bytes(dims, b, tokens, compute, bool(train["activation_checkpointing"])),
         "logprob_head": logprob_head_bytes(dims, b, train["max_completion_length"], compute, param),
@@ -324,8 +340,7 @@ def train_terms(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, pro
     terms["context"] = context_bytes(processes, tp)
     terms["vllm"] = 0
     if train["use_vllm"]:
-        dtype = mode.get("autocast") or mode["param_dtype"]
-        terms["vllm"] = engine_plan(dims, dtype, train, processes, gpu_gib)["share_bytes"]
+        terms["vllm"] = engine_plan(dims, sampler_dtype(mode), train, processes, gpu_gib)["share_bytes"]
     return {k: terms[k] for k in TRAIN_TERMS}, b, tokens
 
 
@@ -348,8 +363,7 @@ def train_plan(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, proc
     plan.update(total=_gib(train_total(terms, sleep)), micro_batch=b, tokens=tokens,
                 parameters=dims.parameters)  # fmt: skip
     if train["use_vllm"]:
-        dtype = mode.get("autocast") or mode["param_dtype"]
-        plan["engine"] = engine_plan(dims, dtype, train, processes, gpu_gib)
+        plan["engine"] = engine_plan(dims, sampler_dtype(mode), train, processes, gpu_gib)
     return plan
 
 

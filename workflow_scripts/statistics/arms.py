@@ -12,9 +12,29 @@ differences to attribute a bundle arm's effect to the single-factor arms that ca
 | determinism  | deterministic               | deterministic algorithms on / off (inert on CPU)     |
 | update noise | update_noise                | Gaussian noise of X bf16 spacings after every step   |
 | LM head      | lm_head_dtype               | the head's dtype where it differs from the masters   |
+| sampler      | sampler_dtype               | the rollout sampler's own weights dtype, where it    |
+|              |                             | holds its own (else "as trainer")                    |
+| correction   | importance_correction       | the arm's IS correction mode (null: the train        |
+|              |                             | section's setting, "as train")                       |
 
 The table the report shows (``describe``) spells every dtype out; the factors compare only what an arm
 sets apart from its masters, so a bf16 arm differs from fp32 in one factor, not three.
+
+Where an arm's sampler-trainer gap comes from (``gap_source``; the report's mismatch table), from what
+it samples and trains in (``sampler_setup`` of a run.json: its ``sampler`` entry {backend: hf | vllm,
+dtype, trainer_dtype, copies, reason} when present, else the run's copy of its config, ``mode``, ``train``;
+``arm_setup`` of a config entry: the sampler computes in ``sampler_dtype``, null meaning as the trainer
+computes, autocast else param_dtype, with vLLM when ``train.use_vllm``):
+
+| source        | when                                                                                 |
+|---------------|--------------------------------------------------------------------------------------|
+| numerics      | the sampler computes in another dtype than the loss forward, is another engine       |
+|               | (vLLM: other kernels), or holds weights of its own (``sampler_dtype``, ``copies``:   |
+|               | e.g. a bf16 copy beside bf16 autocast, which keeps some ops in fp32)                 |
+| dropout       | dropout > 0: the loss forward runs in train mode, the sampler in eval mode           |
+| both          | numerics and dropout                                                                 |
+| none expected | same weights, dtype and kernels, eval mode: the gap must be 0 (and is, <= ZERO_GAP)  |
+| unexplained   | none expected, but the measured mean gap is above ZERO_GAP                           |
 
 seed_offset and control are not factors: an arm that differs from the reference only by its seeds is a
 null twin (``twin_of``). Each difference from the reference gets a name a reader knows from the
@@ -25,10 +45,23 @@ bf16 spacing are lost), bf16 stochastic-rounding masters "precision noise" (unbi
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-FACTORS = ("masters", "compute", "dropout", "deterministic", "update_noise", "lm_head")
+from workflow_scripts.models.dtypes import dtype_name
+from workflow_scripts.runtime import paths
+
+FACTORS = (
+    "masters",
+    "compute",
+    "dropout",
+    "deterministic",
+    "update_noise",
+    "lm_head",
+    "sampler",
+    "correction",
+)
 LABELS = {
     "masters": "master weights",
     "compute": "compute dtype",
@@ -36,7 +69,10 @@ LABELS = {
     "deterministic": "deterministic algorithms",
     "update_noise": "update noise",
     "lm_head": "LM head dtype",
+    "sampler": "sampler weights",
+    "correction": "importance-sampling correction",
 }
+ZERO_GAP = 1e-6  # nats: a mean |Δ log p| at or below it is no gap (identical numerics give exactly 0)
 
 
 @functools.cache
@@ -73,7 +109,17 @@ def factors(entry: Mapping[str, Any]) -> dict[str, Any]:
         "lm_head": _short(e["lm_head_dtype"])
         if e["lm_head_dtype"] not in (None, e["param_dtype"])
         else "as masters",
+        "sampler": _sampler_factor(e),
+        "correction": e["importance_correction"] or "as train",
     }
+
+
+def _sampler_factor(e: Mapping[str, Any]) -> str:
+    """The sampler factor: "as trainer", or "<dtype> weights" where it holds weights of its own."""
+    own = e["sampler_dtype"]
+    if own is None or (own == e["param_dtype"] and not e["autocast"]):
+        return "as trainer"
+    return f"{_short(own)} weights"
 
 
 def describe(entry: Mapping[str, Any]) -> dict[str, str]:
@@ -88,10 +134,14 @@ def describe(entry: Mapping[str, Any]) -> dict[str, str]:
         optimizer += f", + Gaussian noise of {f['update_noise']:g} bf16 spacings a step"
     seeds = f"s + {e['seed_offset']}" if e["seed_offset"] else "s"
     compute = _short(e["autocast"] or e["param_dtype"])
+    sampler = (f"its own {_short(e['sampler_dtype'])} weights" if f["sampler"] != "as trainer"
+               else compute) + ", eval mode"  # fmt: skip
+    if f["correction"] != "as train":
+        sampler += f", IS correction {f['correction']}"
     return {
         "masters": f["masters"],
         "compute": compute + (" (autocast)" if e["autocast"] else ""),
-        "sampler": f"{compute}, eval mode",
+        "sampler": sampler,
         "dropout": f"{f['dropout']:g}" + (" (loss forward only)" if f["dropout"] else ""),
         "deterministic": "yes" if f["deterministic"] else "no",
         "optimizer": optimizer,
@@ -123,6 +173,12 @@ def effect_name(factor: str, values: list[Any]) -> str:
         return "deterministic algorithms " + ("on" if arm else "off")
     if factor == "update_noise":
         return f"update noise {arm:g}" if arm else "no update noise"
+    if factor == "sampler":
+        if arm == "as trainer":
+            return "sampler as trainer"
+        return f"sampler-trainer mismatch ({str(arm).split()[0]} sampler)"
+    if factor == "correction":
+        return f"IS correction {arm}" if arm != "as train" else "IS correction as train"
     return f"{LABELS[factor]} {ref} -> {arm}"
 
 
@@ -184,3 +240,83 @@ def name_conflicts(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 problems.append(f"arm {arm!r} means different things in {other} and {cname}: {diff}")
             seen.setdefault(arm, (cname, meaning))
     return problems
+
+
+# ------------------------------------------------------------------ where the sampler-trainer gap comes from
+
+
+def _dtype(name: Any) -> str | None:
+    return None if name is None else dtype_name(name)
+
+
+def arm_setup(entry: Mapping[str, Any], train: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What an arm samples and trains in, from its precisions entry and the train section:
+    {backend, dtype, trainer_dtype, dropout, copies} (copies: the sampler holds weights of its own,
+    ``PrecisionMode.sampler_copies``)."""
+    trainer = _dtype(entry.get("autocast") or entry.get("param_dtype"))
+    own = _dtype(entry.get("sampler_dtype"))
+    return {
+        "backend": "vllm" if (train or {}).get("use_vllm") else "hf",
+        "dtype": own or trainer,
+        "trainer_dtype": trainer,
+        "dropout": float(entry.get("dropout") or 0.0),
+        "copies": own is not None and not (own == entry.get("param_dtype") and not entry.get("autocast")),
+    }
+
+
+def sampler_setup(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``arm_setup`` of one run.json: its ``sampler`` entry (what the run did) over its config copy
+    (``mode``, ``train``); None when it has neither."""
+    mode = record.get("mode")
+    setup = (
+        arm_setup(mode, record.get("train")) if isinstance(mode, Mapping) and "param_dtype" in mode else None
+    )
+    sampler = record.get("sampler")
+    if not isinstance(sampler, Mapping):
+        return setup
+    setup = setup or {"dropout": 0.0, "copies": False}
+    return {
+        **setup,
+        "backend": str(sampler.get("backend") or setup.get("backend") or "hf"),
+        "dtype": _dtype(sampler.get("dtype")) or setup.get("dtype"),
+        "trainer_dtype": _dtype(sampler.get("trainer_dtype")) or setup.get("trainer_dtype"),
+        "copies": bool(sampler.get("copies", setup.get("copies"))),
+    }
+
+
+def gap_source(setup: Mapping[str, Any] | None, measured: float | None) -> str:
+    """Where a run's gap comes from (module docstring): numerics, dropout, both, none expected, or
+    unexplained (none expected, but the measured mean gap is above ``ZERO_GAP``); "n/a" without a setup."""
+    if setup is None:
+        return "n/a"
+    numerics = (
+        setup.get("backend") != "hf"
+        or setup.get("dtype") != setup.get("trainer_dtype")
+        or bool(setup.get("copies"))
+    )
+    dropout = float(setup.get("dropout") or 0.0) > 0
+    if numerics or dropout:
+        return "both" if numerics and dropout else "numerics" if numerics else "dropout"
+    finite = measured is not None and not math.isnan(measured)
+    return "unexplained" if finite and measured > ZERO_GAP else "none expected"
+
+
+def describe_setup(setup: Mapping[str, Any] | None) -> str:
+    """The sampler beside the trainer in a few words: "vLLM bf16 / fp32, dropout 0.1"."""
+    if setup is None:
+        return "n/a"
+    engine = "vLLM" if setup.get("backend") == "vllm" else "HF"
+    copy = " (own copy)" if setup.get("copies") else ""
+    dropout = float(setup.get("dropout") or 0.0)
+    text = f"{engine} {_short(setup.get('dtype'))}{copy} / {_short(setup.get('trainer_dtype'))}"
+    return text + (f", dropout {dropout:g}" if dropout else "")
+
+
+def run_setups(records: Iterable[Any]) -> dict[str, dict[str, Any] | None]:
+    """run name -> ``sampler_setup`` of every run.json among ``records`` (others, base.json, skipped)."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for record in records:
+        if isinstance(record, Mapping) and "precision" in record and "seed" in record:
+            name = paths.run_name(record["precision"], record["seed"], int(record.get("repeat") or 1))
+            out[name] = sampler_setup(record)
+    return out

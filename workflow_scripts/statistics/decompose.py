@@ -12,7 +12,11 @@ and the sampling seed):
 | main effect  | A_f,s - R_s for each factor f                | what factor f does alone                  |
 | interaction  | B_s - R_s - sum_f (A_f,s - R_s)              | what the factors do together beyond a sum |
 
-each with its mean, a (1-alpha) t interval across seeds and a two-sided p. Quantities: the on-task and
+each with its mean, a (1-alpha) t interval across seeds and a two-sided p. A bundle whose parts are not
+all present as single-factor arms still gets its whole effect (B_s - R_s), and, where another arm carries
+all its factors but one (e.g. a bf16 sampler, and the same with truncated importance sampling), the
+effect of that one factor given the others: B_s - A_s ("nested", e.g. what the correction changes in an
+arm that has the mismatch it corrects). Quantities: the on-task and
 off-task mean dJ of a run (mean over the role's tasks) and the log of its mean off-task KL (KL effects
 are multiplicative: an arm that drifts a tenth as far is -2.3 on this scale whatever the reference's
 drift). Every single-factor arm's main effects are listed too, bundle or not. The seed-variance side of
@@ -113,8 +117,10 @@ def decompose(
             "effects": block["effects"],
             "parts": {f: a for f, a in parts.items() if a},
         }
+        entry["nested"] = nested_contrasts(arm, arms, order, values, alpha)
         if missing:
             entry.update(status="incomplete", reason=f"no single-factor arm for: {', '.join(missing)}")
+            entry["whole"] = {q: contrast(t, {arm: 1.0, ref: -1.0}, alpha) for q, t in values.items()}
             bundles[arm] = entry
             continue
         entry["status"] = "ok"
@@ -138,6 +144,35 @@ def decompose(
         "main_effects": main,
         "bundles": bundles,
     }
+
+
+def nested_contrasts(
+    arm: str,
+    arms: Mapping[str, Mapping],
+    order: Sequence[str],
+    values: Mapping[str, pd.DataFrame],
+    alpha: float,
+) -> dict[str, Any]:
+    """{other arm: {factor, effect, given, quantities...}} for each arm (not the reference, not a control)
+    whose differences from the reference are this arm's but one: ``arm - other`` is that factor's effect
+    given the factors they share."""
+    mine = arms[arm].get("differences") or {}
+    out: dict[str, Any] = {}
+    for other in order[1:]:
+        block = arms[other]
+        theirs = block.get("differences") or {}
+        if other == arm or not theirs or (block.get("description") or {}).get("control"):
+            continue
+        extra = [f for f in mine if f not in theirs]
+        shared = all(mine.get(f) == v for f, v in theirs.items())
+        if len(mine) != len(theirs) + 1 or len(extra) != 1 or not shared:
+            continue
+        (factor,) = extra
+        effect = arms[arm]["effects"][list(mine).index(factor)]
+        given = list(block.get("effects") or [])
+        out[other] = {"factor": factor, "effect": effect, "given": given}
+        out[other].update({q: contrast(t, {arm: 1.0, other: -1.0}, alpha) for q, t in values.items()})
+    return out
 
 
 def _sum_weights(parts: Sequence[str] | Any, ref: str) -> dict[str, float]:

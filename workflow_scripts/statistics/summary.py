@@ -273,7 +273,12 @@ def decomposition_section(stats: Mapping) -> str:
         )
     notes = []
     for arm, b in (dec.get("bundles") or {}).items():
+        for other, n in (b.get("nested") or {}).items():
+            rows.append([f"{n['effect']}, given {' + '.join(n['given'])}", f"{arm} − {other}",
+                         *(_effect(n.get(q)) for q in qs)])  # fmt: skip
         if b.get("status") != "ok":
+            rows.append([f"bundle: {' + '.join(b.get('effects') or [])}", f"{arm} − {dec['reference']}",
+                         *(_effect((b.get("whole") or {}).get(q)) for q in qs)])  # fmt: skip
             notes.append(
                 f"- {arm} ({' + '.join(b.get('effects') or [])}) not taken apart: {b.get('reason')}."
             )
@@ -289,7 +294,8 @@ def decomposition_section(stats: Mapping) -> str:
         f"Paired contrasts over the seeds the arms share, each a mean with its {1 - alpha:.0%} t "
         "interval across seeds: a single-factor arm's difference from the reference is that factor's "
         "main effect; a bundle's difference is split into its parts' main effects and their "
-        "interaction (what the factors do together beyond their sum). dJ: mean over the role's tasks; "
+        "interaction (what the factors do together beyond their sum); 'given': one factor's effect in "
+        "arms that share the others. dJ: mean over the role's tasks; "
         "log off-task KL: multiplicative drift (−0.69 = half as far). Seed-variance effects of each "
         "factor: the single-factor arm's rows of the verdict table.",
         table(head, rows),

@@ -10,7 +10,7 @@ For one precision arm and one task role, S seeds x T tasks (tasks complete acros
 What H1-H3 compare is the WHOLE seed variance of a task, V = sigma2 + tau2: the variance across seeds
 of one task's value that training causes, eval noise excluded. Precision noise may push every task
 the same way (sigma2) or each its own way (tau2); a test of sigma2 alone misses the second form
-(issue 22: 0/10 detections when tau2 alone was 9x). V is what the per-task across-seed variances,
+(measured: 0/10 detections when tau2 alone was 9x). V is what the per-task across-seed variances,
 pooled over the role's tasks (T (S-1) degrees of freedom), estimate once the noise is subtracted; the
 model estimates it by REML instead, with the noise in the likelihood. Its profile over V maximises
 over the shared fraction rho = sigma2 / V in [0, 1] (a nuisance, free per arm), so the test sees

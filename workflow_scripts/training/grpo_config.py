@@ -147,14 +147,16 @@ def importance_sampling_args(train_cfg: Mapping) -> dict:
     }
 
 
-def importance_sampling_record(args) -> dict:
-    """run.json's ``importance_sampling``: what TRL got, and whether it acts (only with vLLM)."""
+def importance_sampling_record(args, sampler: Mapping | None = None) -> dict:
+    """run.json's ``importance_sampling``: what TRL got, and whether it acts (where the sampler has its own
+    log-probs: vLLM, or the HF sampler's own copy, ``sampler.plan``)."""
+    own = bool(args.use_vllm or (sampler or {}).get("copies"))
     return {
         "correction": bool(args.vllm_importance_sampling_correction),
         "mode": args.vllm_importance_sampling_mode,
         "clip_min": args.vllm_importance_sampling_clip_min,
         "clip_max": args.vllm_importance_sampling_clip_max,
-        "acts": bool(args.use_vllm and args.vllm_importance_sampling_correction),
+        "acts": own and bool(args.vllm_importance_sampling_correction),
     }
 
 

@@ -11,20 +11,20 @@
 |                         | FSDP2 model has no autocast forward) | FSDP                                   |
 | same hook, with         | keeps zero-spread groups (all        | DAPO dynamic sampling: they are        |
 | ``dynamic_sampling``    | rewards equal: no gradient)          | dropped, fresh prompts drawn (below)   |
-| ``_calculate_rewards``  | -                                    | keeps the round's rewards (for the     |
-|                         |                                      | group-spread test)                     |
+| ``_calculate_rewards``  | -                                    | keeps the round's rewards (spread test)|
 | ``_get_train_sampler``  | RepeatSampler: a new permutation per | ``EpochRepeatSampler``: epoch e's      |
 |                         | ``__iter__``                         | order from e alone (exact resume);     |
 |                         |                                      | with ``train.curriculum``:             |
 |                         |                                      | ``CurriculumSampler``, each round from |
 |                         |                                      | its phase's rows (dynamic sampling's   |
 |                         |                                      | refills too)                           |
-| ``_compute_loss`` (via  | -                                    | measures the sampler-trainer gap at    |
-| ``sampler_gap``)        |                                      | each round's first step (metrics.jsonl)|
-| ``__init__`` with       | builds the colocated vLLM engine     | the engine gets the arm's rollout      |
-| ``use_vllm``            | with dtype "auto": vLLM casts a      | dtype (``rollout_dtype``: autocast     |
-|                         | float32 checkpoint to 16 bits, so    | dtype, else param dtype), as the HF    |
-|                         | the fp32 arm would sample in bf16;   | sampler computes, and the seed (run    |
+| ``_compute_loss``       | -                                    | the sampler-trainer gap (sampler_gap)  |
+| ``_generate_single_    | the trained model samples (HF)       | an HF copy in the arm's sampler_dtype  |
+| turn`` (``sampler``)    |                                      | samples and scores (``OwnSampler``)    |
+| ``__init__`` with       | builds the colocated vLLM engine     | the engine gets the arm's sampler      |
+| ``use_vllm``            | with dtype "auto": vLLM casts a      | dtype (``PrecisionMode.sampler_compute |
+|                         | float32 checkpoint to 16 bits, so    | _dtype``: sampler_dtype, else compute  |
+|                         | the fp32 arm would sample in bf16;   | dtype), and the seed (run              |
 |                         | seed = process_index // tp: every    | seed, TP group), not the group alone   |
 |                         | run seed shares one random stream    | (``vllm_engine_args``, ``vllm_seed``)  |
 |                         | and no KV-cache size is given        | with the ``train.vllm`` settings       |
@@ -37,9 +37,8 @@ Dynamic sampling (DAPO, Yu et al. 2025, section 3.2). A generation round needs `
 its total rewards is 0 (TRL's own ``frac_reward_zero_std`` test); its advantages are all 0, so it only
 dilutes the token-normalised DAPO loss. With the switch on, the round keeps its groups with spread and,
 while fewer than ``n``, draws more prompts (as many as the missing groups need at the spread rate seen
-so far, +25%, at most ``n``: DAPO redraws whole batches, same filter, more generation; uniformly,
-without replacement within the draw,
-from the training set, seeded by (seed, step, refill index): a resumed run redraws the same prompts),
+so far, +25%, at most ``n``: DAPO redraws whole batches, same filter, more generation; uniformly, without
+replacement within the draw, seeded by (seed, step, refill): a resumed run redraws the same prompts),
 generates and scores them and keeps their groups with spread, in draw order, until ``n`` are kept. At
 most ``dynamic_sampling_max_rounds`` refills per round: when the cap is hit the batch is filled with
 zero-spread groups (in draw order), and the round logs ``dynamic/cap_hit`` 1 and how many zero-spread
@@ -160,11 +159,6 @@ def merge_groups(
         loss_mask = loss_mask * merged["tool_mask"]
     merged["num_items_in_batch"] = loss_mask.sum()
     return merged
-
-
-def rollout_dtype(param_dtype: str, autocast: str | None) -> str:
-    """The dtype an arm's rollouts compute in: its autocast dtype, else its parameters' dtype."""
-    return autocast or param_dtype
 
 
 VLLM_SEED_STRIDE = 10_000  # engine seeds of one run: run seed * stride + TP group (readable: 30002)
@@ -341,16 +335,20 @@ def make_trainer_class(
     vllm_dtype: str | None = None,
     vllm_settings: dict | None = None,
     curriculum: dict | None = None,
+    sampler_dtype: str | None = None,
 ):
     """GRPOTrainer with the overrides of the module docstring (TRL is imported only here).
 
-    ``vllm_dtype``: the colocated vLLM engine's dtype (the arm's ``rollout_dtype``; None: no vLLM);
+    ``vllm_dtype``: the colocated vLLM engine's dtype (the arm's sampler dtype; None: no vLLM);
     ``vllm_settings``: its ``train.vllm`` block (None: TRL's engine arguments but dtype and seed);
     ``curriculum``: {rounds: the phase of every generation round, ranges: each phase's rows (start, stop)
-    in the training dataset, steps_per_round} (None: one training set)."""
+    in the training dataset, steps_per_round}; ``sampler_dtype``: the HF copy's (``sampler.OwnSampler``)."""
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
+    from workflow_scripts.models.dtypes import torch_dtype
+    from workflow_scripts.training.precision import AutocastProbe
+    from workflow_scripts.training.sampler import OwnSampler, OwnSamplerMixin
     from workflow_scripts.training.sampler_gap import SamplerGapMixin
 
     class EpochRepeatSampler(RepeatSampler):
@@ -366,13 +364,18 @@ def make_trainer_class(
             for _ in range(epoch):
                 torch.randperm(self.num_samples, generator=self.generator)
 
-    class Trainer(SamplerGapMixin, GRPOTrainer):  # the gap: sampler_gap (its own overrides)
+    class Trainer(OwnSamplerMixin, SamplerGapMixin, GRPOTrainer):  # sampler, sampler_gap: own overrides
         def __init__(self, *args, **kwargs):
             run_seed = getattr(kwargs.get("args"), "seed", None) if vllm_dtype is not None else None
             settings = vllm_settings if vllm_dtype is not None else None
+            # the copy is taken before TRL patches the model's forward (its fused head is added below)
+            own = OwnSampler(kwargs["model"], torch_dtype(sampler_dtype)) if sampler_dtype else None
             with vllm_engine_args(vllm_dtype, run_seed, settings) as engine_args:
                 super().__init__(*args, **kwargs)
             self.vllm_engine_args = engine_args  # what the colocated engine was built with (run.json)
+            if own is not None:
+                own.attach(self.temperature, self.args.cast_lm_head_to_fp32, self.accelerator.device)
+                self.own_sampler, self.own_sampler_probe = own, AutocastProbe(own.model)
             if getattr(self, "use_vllm", False):
                 generation = self.vllm_generation
                 if engine_args.get("platform") == "cpu":

@@ -22,7 +22,13 @@ One line per optimizer step ``step`` (1..max_steps), every key on every line:
   step of each round, before any update on it): ``sampler_gap_mean`` / ``sampler_gap_max`` (mean and
   max |log p_sampler - log p_trainer| over the loss's completion tokens; null without sampler log-probs),
   ``sampler_gap_outside_clip`` (share of those tokens whose ratio is already outside [1 - epsilon,
-  1 + epsilon_high]), ``sampler_gap_clipped`` (share the loss clips there). With vLLM and its
+  1 + epsilon_high]), ``sampler_gap_clipped`` (share the loss clips there); over the same tokens
+  ``sampler_gap_kl_k1`` / ``sampler_gap_kl_k3`` (KL(sampler || trainer), k1 and k3 estimates),
+  ``sampler_gap_log_ppl_abs_diff`` (per sequence |mean log p_sampler - mean log p_trainer|, averaged),
+  ``sampler_gap_growth`` (mean |gap| on completions' second halves / first halves) and
+  ``sampler_gap_pos_0`` .. ``_pos_{GAP_POSITION_BINS - 1}`` (mean |gap| per log2 position bin of the
+  completion: 0, 1, 2-3, 4-7, ..., the last open; ``position_bin_label``); null where nothing was
+  measured (table: ``sampler_gap``'s docstring). With vLLM and its
   importance-sampling correction on, TRL's own statistics (``VLLM_KEYS``): ``vllm_logp_diff_mean`` /
   ``_max`` (vLLM vs the trainer's eval-mode recomputation), ``vllm_is_ratio_min`` / ``_mean`` / ``_max``.
 - ``SCALER_KEYS`` per step, when the optimizer has a loss scaler (fp16 autocast on CUDA: accelerate's
@@ -67,11 +73,18 @@ DYNAMIC_KEYS = {  # metrics.jsonl key -> log key written by grpo_trainer once pe
     "groups_zero_spread": "dynamic/groups_zero_spread",
     "dynamic_cap_hit": "dynamic/cap_hit",
 }
+GAP_POSITION_BINS = 14  # log2 bins of the completion position: 0, 1, 2-3, ..., 2048-4095, 4096+
+GAP_POSITION_KEYS = tuple(f"sampler_gap_pos_{k}" for k in range(GAP_POSITION_BINS))
 GAP_KEYS = {  # metrics.jsonl key -> log key written by sampler_gap once per generation round
     "sampler_gap_mean": "sampler_gap/mean",
     "sampler_gap_max": "sampler_gap/max",
     "sampler_gap_outside_clip": "sampler_gap/outside_clip",
     "sampler_gap_clipped": "sampler_gap/clipped",
+    "sampler_gap_kl_k1": "sampler_gap/kl_k1",
+    "sampler_gap_kl_k3": "sampler_gap/kl_k3",
+    "sampler_gap_log_ppl_abs_diff": "sampler_gap/log_ppl_abs_diff",
+    "sampler_gap_growth": "sampler_gap/growth",
+    **{key: "sampler_gap/" + key.removeprefix("sampler_gap_") for key in GAP_POSITION_KEYS},
 }
 VLLM_KEYS = {  # metrics.jsonl key -> TRL log key, once per round with vLLM and its correction on
     "vllm_logp_diff_mean": "sampling/sampling_logp_difference/mean",
@@ -97,6 +110,14 @@ PHASE_DRAWN_KEY = "curriculum/phase"  # log key written by grpo_trainer once per
 SCALER_KEYS = ("loss_scale", "step_skipped")  # per step, from the optimizer's GradScaler (fp16); else null
 KL_KEYS = ("kl_k1", "kl_k1_se", "kl_k3", "kl_k3_se", "kl_rb", "kl_rb_se")
 OVERLONG_NAME = "soft_overlong_punishment_reward"
+
+
+def position_bin_label(k: int) -> str:
+    """The completion positions of gap bin ``k`` in words: "0", "1", "2-3", ..., "4096+" (the last)."""
+    if k == 0 or k == 1:
+        return str(k)
+    low = 2 ** (k - 1)
+    return f"{low}+" if k == GAP_POSITION_BINS - 1 else f"{low}-{2 * low - 1}"
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -161,7 +182,8 @@ def reward_summary(metrics: list[dict]) -> dict:
 
 
 def gap_summary(metrics: list[dict]) -> dict:
-    """run.json's ``sampler_gap``: per-round gap statistics over the run (each round once)."""
+    """run.json's ``sampler_gap``: per-round gap statistics over the run (each round once; means over
+    the rounds that measured them; ``by_position``: one mean per position bin)."""
     fresh = [r for r in rollout_rows(metrics) if r.get("sampler_gap_outside_clip") is not None]
     maxima = [r["sampler_gap_max"] for r in fresh if r.get("sampler_gap_max") is not None]
     vllm = [r["vllm_logp_diff_max"] for r in fresh if r.get("vllm_logp_diff_max") is not None]
@@ -171,6 +193,11 @@ def gap_summary(metrics: list[dict]) -> dict:
         "max": max(maxima) if maxima else None,
         "outside_clip_mean": _mean([r.get("sampler_gap_outside_clip") for r in fresh]),
         "clipped_mean": _mean([r.get("sampler_gap_clipped") for r in fresh]),
+        "kl_k1_mean": _mean([r.get("sampler_gap_kl_k1") for r in fresh]),
+        "kl_k3_mean": _mean([r.get("sampler_gap_kl_k3") for r in fresh]),
+        "log_ppl_abs_diff_mean": _mean([r.get("sampler_gap_log_ppl_abs_diff") for r in fresh]),
+        "growth_mean": _mean([r.get("sampler_gap_growth") for r in fresh]),
+        "by_position": [_mean([r.get(k) for r in fresh]) for k in GAP_POSITION_KEYS],
         "vllm_logp_diff_mean": _mean([r.get("vllm_logp_diff_mean") for r in fresh]),
         "vllm_logp_diff_max": max(vllm) if vllm else None,
     }

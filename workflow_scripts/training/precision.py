@@ -18,8 +18,9 @@ is a new config entry, never a code change.
 |               | accelerate's native mixed precision (bf16=True / fp16=True), i.e.       | check_supported, |
 |               | torch.autocast around every forward over param_dtype masters (fp16 adds | AutocastProbe    |
 |               | a GradScaler). Only over float32 masters; autocast float32 is rejected. |                  |
-|               | fp16 autocast needs a CUDA device: a clear error on CPU. The run        |                  |
-|               | OBSERVES the autocast state inside the first training forward.          |                  |
+|               | accelerate skips fp16 on CPU (no autocast, no scaler: a silent fp32     | enable_cpu_fp16  |
+|               | run); there torch's CPU autocast and GradScaler are switched on by hand.|                  |
+|               | The run OBSERVES the autocast state inside the first training forward.  |                  |
 | deterministic | true: torch.use_deterministic_algorithms(True), cuDNN deterministic and | apply_           |
 |               | no benchmark, CUBLAS_WORKSPACE_CONFIG=:4096:8 and                       | determinism      |
 |               | FLASH_ATTENTION_DETERMINISTIC=1 (CUDA). false: all explicitly off (the  |                  |
@@ -60,6 +61,9 @@ is a new config entry, never a code change.
 | lm_head_dtype | null (= param_dtype) or float32: the LM head's weights (and so its      | load_policy,     |
 |               | gradients and AdamW states) in fp32, its logits computed in fp32        | trainer_         |
 |               | outside autocast (TRL's cast_lm_head_to_fp32, ScaleRL).                 |  precision_args  |
+| sampler_dtype | the rollout sampler's own weights dtype (null: it computes as the       | training.sampler |
+|               | trainer); importance_correction: the arm's IS correction mode (null:    |                  |
+|               | train.importance_sampling). Both act through ``training.sampler``.      |                  |
 | (contract)    | every dtype the arm implies, checked at the first optimizer step (params| ContractCheck    |
 |               | and gradients before it, AdamW states after it), LM head, autocast and  |                  |
 |               | rollout dtype observed, FSDP reduce dtype, vLLM engine and KV cache:    |                  |
@@ -103,6 +107,8 @@ class PrecisionMode:
     control: str | None = None
     lm_head_dtype: str | None = None
     seed_offset: int = 0
+    sampler_dtype: str | None = None
+    importance_correction: str | None = None
 
     @classmethod
     def from_config(cls, name: str, entry: Mapping) -> PrecisionMode:
@@ -119,10 +125,12 @@ class PrecisionMode:
             control=entry.get("control"),
             lm_head_dtype=entry.get("lm_head_dtype"),
             seed_offset=int(entry.get("seed_offset", 0)),
+            sampler_dtype=entry.get("sampler_dtype"),
+            importance_correction=entry.get("importance_correction"),
         )
         check_precision(name, entry)  # the config's rules between an arm's keys (config.py), ConfigError
         torch_dtype(mode.param_dtype)
-        for name_ in (mode.autocast, mode.lm_head_dtype):
+        for name_ in (mode.autocast, mode.lm_head_dtype, mode.sampler_dtype):
             if name_ is not None:
                 torch_dtype(name_)
         return mode
@@ -139,6 +147,23 @@ class PrecisionMode:
     def head_dtype(self) -> str:
         """The LM head's storage dtype (``lm_head_dtype``, else ``param_dtype``)."""
         return self.lm_head_dtype or self.param_dtype
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the trainer's products compute in: the autocast dtype, else the masters'."""
+        return self.autocast or self.param_dtype
+
+    @property
+    def sampler_copies(self) -> bool:
+        """Whether the sampler holds its own weights in another numerics than the trainer computes with
+        (``sampler_dtype`` set and not just the masters' dtype of an arm without autocast)."""
+        own = self.sampler_dtype
+        return own is not None and not (own == self.param_dtype and self.autocast is None)
+
+    @property
+    def sampler_compute_dtype(self) -> str:
+        """The dtype rollouts are computed in: ``sampler_dtype``, else the trainer's compute dtype."""
+        return self.sampler_dtype or self.compute_dtype
 
     @property
     def computes_bf16(self) -> bool:
@@ -161,11 +186,10 @@ def mode_from_config(config: Mapping, name: str) -> PrecisionMode:
 
 def check_supported(mode: PrecisionMode, device_type: str) -> None:
     """Fail early and clearly where the device cannot run the mode honestly."""
-    if mode.autocast == "float16" and device_type != "cuda":
+    if mode.autocast == "float16" and device_type not in ("cuda", "cpu"):
         raise PrecisionError(
-            f"precision {mode.name!r}: float16 autocast (AMP with a GradScaler) needs a CUDA device; "
-            f"this run is on "
-            f"{device_type!r}. Use autocast bfloat16 on CPU, or run this arm on a GPU."
+            f"precision {mode.name!r}: float16 autocast (AMP with a GradScaler) runs on CUDA or CPU "
+            f"(``enable_cpu_fp16``); this run is on {device_type!r}"
         )
     if (
         device_type == "cuda"
@@ -186,6 +210,22 @@ def trainer_precision_args(mode: PrecisionMode) -> dict:
         # TRL's fp32 LM head (its forward casts the hidden states and runs outside autocast)
         "cast_lm_head_to_fp32": mode.lm_head_dtype == "float32",
     }
+
+
+def enable_cpu_fp16(accelerator) -> bool:
+    """Switch on fp16 autocast and a loss scaler where accelerate would silently run fp32: on CPU.
+
+    accelerate 1.15 turns native AMP and its GradScaler on for ``mixed_precision="fp16"`` only off CPU;
+    on CPU it leaves both off, so an fp16 arm would train in fp32 unnoticed (the contract would then
+    fail on the autocast field). Torch has both on CPU (``torch.autocast("cpu", float16)``,
+    ``torch.amp.GradScaler("cpu")``), so they are set on the accelerator before ``train()`` prepares the
+    model (its forward is wrapped in ``accelerator.autocast``) and the optimizer (it gets the scaler).
+    Returns whether it changed anything."""
+    if accelerator.state.mixed_precision != "fp16" or accelerator.device.type != "cpu" or accelerator.scaler:
+        return False
+    accelerator.native_amp = True
+    accelerator.scaler = torch.amp.GradScaler("cpu")
+    return True
 
 
 def train_seed(mode: PrecisionMode, seed: int) -> int:

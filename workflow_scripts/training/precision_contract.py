@@ -15,14 +15,15 @@ any second step. run.json keeps ``expected`` and ``observed``.
 | optimizer_state_body,  | as the parameters (no fp32 copies)     | AdamW's exp_avg/exp_avg_sq after it    |
 | optimizer_state_lm_head|                                        |                                        |
 | autocast               | the mode's autocast dtype or null      | ``AutocastProbe`` (first train forward)|
-| rollout_dtype          | autocast dtype, else param_dtype       | vLLM engine dtype, else the dtype the  |
+| rollout_dtype          | sampler_dtype, else autocast dtype,    | vLLM engine dtype, else the HF copy's  |
+|                        | else param_dtype                       | (``sampler``), else the dtype the      |
 |                        |                                        | policy computed in while sampling      |
 | bf16_matmul            | ``precision.matmul_path``              | the torch-function mode active         |
 | grad_reduce_dtype      | null in one process; else the          | FSDP2 policy reduce_dtype (null: the   |
 |                        | gradients' dtype (nothing casts them)  | gradients'), DDP: the gradients' dtype |
 | kv_cache_dtype         | the rollout dtype with vLLM, else null | the engine's vllm_config.cache_config  |
 |                        |                                        | .cache_dtype ("auto": its model dtype) |
-| sampler_lm_head_dtype  | with vLLM: the autocast dtype, else    | the engine's LM-head weight            |
+| sampler_lm_head_dtype  | with vLLM: sampler_dtype, autocast or  | the engine's LM-head weight            |
 |                        | the head's (lm_head_dtype); else null  | (``vllm_engine.engine_record``)        |
 """
 
@@ -35,15 +36,15 @@ from transformers import TrainerCallback
 
 from workflow_scripts.models.dtypes import dtype_name
 from workflow_scripts.training.bf16_matmul import EmulatedBF16
-from workflow_scripts.training.grpo_trainer import rollout_dtype
 from workflow_scripts.training.precision import PrecisionError, PrecisionMode, head_param_names, matmul_path
+from workflow_scripts.training.sampler import own_sampler_dtypes
 
 GROUPS = ("body", "lm_head")
 
 
 def expected_contract(mode: PrecisionMode, *, device: str, world: int, use_vllm: bool) -> dict:
     """The dtypes the arm's config implies (see the module table)."""
-    rollout = rollout_dtype(mode.param_dtype, mode.autocast)
+    rollout = mode.sampler_compute_dtype
     heads = {"body": mode.param_dtype, "lm_head": mode.head_dtype}
     contract: dict = {}
     for kind in ("params", "grads", "optimizer_state"):
@@ -55,7 +56,7 @@ def expected_contract(mode: PrecisionMode, *, device: str, world: int, use_vllm:
         bf16_matmul=matmul_path(mode, device),
         grad_reduce_dtype=None if world == 1 else mode.param_dtype,
         kv_cache_dtype=rollout if use_vllm else None,
-        sampler_lm_head_dtype=(mode.autocast or mode.head_dtype) if use_vllm else None,
+        sampler_lm_head_dtype=(mode.sampler_dtype or mode.autocast or mode.head_dtype) if use_vllm else None,
     )
     return contract
 
@@ -202,7 +203,11 @@ def contract_check(trainer, mode: PrecisionMode, probe, *, device: str, world: i
     """The arm's ContractCheck for a built trainer, added to its callbacks (train stage)."""
     use_vllm = bool(getattr(trainer.args, "use_vllm", False))
     expected = expected_contract(mode, device=device, world=world, use_vllm=use_vllm)
-    check = ContractCheck(mode, expected, trainer.model, probe, engine=lambda: vllm_engine_dtypes(trainer),
+
+    def engine() -> dict | None:  # the vLLM engine, else the HF sampler's own copy, else None
+        return vllm_engine_dtypes(trainer) or own_sampler_dtypes(trainer)
+
+    check = ContractCheck(mode, expected, trainer.model, probe, engine=engine,
                           reduce_dtype=reduce_dtype_of(trainer.accelerator, world))  # fmt: skip
     trainer.add_callback(check)
     return check

@@ -26,17 +26,52 @@ vLLM-vs-recomputation difference and importance-sampling ratios are logged besid
 <= gradient_accumulation_steps: TRL reuses the loss's own log-probs as old ones, the ratio is exactly 1)
 the gap is null and the two shares are 0.
 
+Beside them, over the same scored tokens (names as verl's rollout_corr/* where it has one):
+
+| metrics.jsonl key              | what                                                   | verl             |
+|--------------------------------|--------------------------------------------------------|------------------|
+| sampler_gap_kl_k1              | mean(log p_s - log p_t): KL(sampler ‖ trainer), k1     | kl               |
+| sampler_gap_kl_k3              | mean(exp(r) - 1 - r), r = log p_t - log p_s: k3, >= 0  | k3_kl            |
+| sampler_gap_log_ppl_abs_diff   | per sequence abs(mean_t log p_s - mean_t log p_t) over | log_ppl_abs_diff |
+|                                | its scored tokens, averaged over sequences             |                  |
+| sampler_gap_pos_<k>            | mean abs(Δ log p) at completion positions in log2 bin  |                  |
+|                                | k: 0, 1, 2-3, 4-7, ..., the last open (POSITION_BINS   |                  |
+|                                | bins; ``metrics_log.position_bin_label``)              |                  |
+| sampler_gap_growth             | mean abs(Δ) over each completion's second half / over  |                  |
+|                                | its first half (the middle token of an odd length in   |                  |
+|                                | neither): > 1, the gap grows along the sequence        |                  |
+
+The tokens were drawn from the sampler, so k1 and k3 estimate KL(sampler ‖ trainer); k1 can be
+negative on a finite sample, k3 cannot. A completion's length for its halves is its last loss token
++ 1 (TRL right-pads completions, so position = column). Null where nothing was measured (the growth also
+where the first half's gap is 0: 0/0 or x/0; a position bin without tokens).
+
 Several processes: token sums and counts are summed, the max maxed, over processes (every process
-reaches the same micro-batches, so the gather is collective).
+reaches the same micro-batches, so the gather is collective: one tensor of ``TOTALS_SIZE``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from workflow_scripts.training.metrics_log import GAP_KEYS
+from workflow_scripts.training.metrics_log import GAP_KEYS, GAP_POSITION_BINS
 
-LOG_KEYS = tuple(GAP_KEYS.values())  # mean, max, outside_clip, clipped: the log keys written here
+LOG_KEYS = tuple(GAP_KEYS.values())  # the log keys written here, in GAP_KEYS order
+POSITION_BINS = GAP_POSITION_BINS
+# the totals tensor: sums and counts (summed over micro-batches and processes) and one max (maxed)
+SUM_ABS, N_GAP, MAX_ABS, N_TOKENS, N_OUTSIDE, N_CLIPPED = range(6)  # unchanged since the first version
+SUM_K1, SUM_K3, SUM_LOG_PPL, N_SEQUENCES, SUM_FIRST, N_FIRST, SUM_LAST, N_LAST = range(6, 14)
+BIN_SUMS = slice(14, 14 + POSITION_BINS)  # sum |gap| per position bin
+BIN_COUNTS = slice(14 + POSITION_BINS, 14 + 2 * POSITION_BINS)  # scored tokens per position bin
+TOTALS_SIZE = 14 + 2 * POSITION_BINS
+
+
+def position_bins(length: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(length,) long: the position bin of each completion column, t.bit_length() capped at the last bin
+    (0 -> 0, 1 -> 1, 2-3 -> 2, 4-7 -> 3, ...)."""
+    return torch.tensor(
+        [min(t.bit_length(), POSITION_BINS - 1) for t in range(length)], dtype=torch.long, device=device
+    )
 
 
 def gap_totals(
@@ -48,56 +83,84 @@ def gap_totals(
     epsilon_low: float,
     epsilon_high: float,
 ) -> torch.Tensor:
-    """(6,) float64 sums over one micro-batch: [sum |gap|, gap tokens, max |gap|, tokens, outside, clipped].
+    """(TOTALS_SIZE,) float64 sums over one micro-batch: [sum |gap|, gap tokens, max |gap|, tokens,
+    outside, clipped, sum k1, sum k3, sum |log-ppl diff|, sequences, first-half sum |gap|, first-half
+    tokens, second-half sum, second-half tokens, sum |gap| per position bin..., tokens per bin...].
 
     trainer_logps, sampler_logps, old_logps, mask: (B, T); advantages: (B,) or (B, T). ``sampler_logps``
-    None: no gap measured (0 gap tokens); NaN entries (tokens vLLM could not score) are left out of the
-    gap. ``old_logps`` None: the ratio is 1 (TRL's aligned case). ``max |gap|`` is -inf without tokens.
+    None: no gap measured (0 gap tokens); NaN entries (tokens vLLM could not score) are left out of every
+    gap statistic. ``old_logps`` None: the ratio is 1 (TRL's aligned case). ``max |gap|`` is -inf without
+    tokens. Sequences count those with at least one scored token.
     """
     valid = mask.bool()
     trainer = trainer_logps.detach().double()
-    totals = torch.zeros(6, dtype=torch.float64, device=trainer.device)
-    totals[2] = -torch.inf
+    totals = torch.zeros(TOTALS_SIZE, dtype=torch.float64, device=trainer.device)
+    totals[MAX_ABS] = -torch.inf
     if sampler_logps is not None:
-        delta = (sampler_logps.detach().double() - trainer).abs()
-        scored = valid & ~torch.isnan(delta)
+        signed = sampler_logps.detach().double() - trainer  # log p_s - log p_t
+        scored = valid & ~torch.isnan(signed)
         if scored.any():
-            totals[0] = delta[scored].sum()
-            totals[1] = scored.sum()
-            totals[2] = delta[scored].max()
+            signed = torch.where(scored, signed, 0.0)
+            delta = signed.abs()
+            totals[SUM_ABS] = delta.sum()
+            totals[N_GAP] = scored.sum()
+            totals[MAX_ABS] = delta[scored].max()
+            totals[SUM_K1] = signed.sum()
+            r = -signed  # log p_t - log p_s
+            totals[SUM_K3] = torch.where(scored, torch.expm1(r) - r, 0.0).sum()
+            per_seq = scored.sum(dim=1)
+            has = per_seq > 0
+            totals[SUM_LOG_PPL] = (signed.sum(dim=1)[has] / per_seq[has]).abs().sum()
+            totals[N_SEQUENCES] = has.sum()
+            column = torch.arange(valid.shape[1], device=valid.device)
+            length = torch.where(valid, column + 1, 0).max(dim=1, keepdim=True).values  # last loss token + 1
+            twice = 2 * column + 1  # vs length: < first half, > second half, == the middle token
+            first, last = scored & (twice < length), scored & (twice > length)
+            totals[SUM_FIRST], totals[N_FIRST] = delta[first].sum(), first.sum()
+            totals[SUM_LAST], totals[N_LAST] = delta[last].sum(), last.sum()
+            bins = position_bins(valid.shape[1], device=trainer.device)
+            totals[BIN_SUMS] = totals[BIN_SUMS].index_add(0, bins, delta.sum(dim=0))
+            totals[BIN_COUNTS] = totals[BIN_COUNTS].index_add(0, bins, scored.sum(dim=0).double())
     old = trainer if old_logps is None else old_logps.detach().double()
     ratio = torch.exp(trainer - old)  # exactly 1 without old log-probs (TRL's aligned case)
     adv = advantages.detach().double()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
     low, high = ratio < 1 - epsilon_low, ratio > 1 + epsilon_high
-    totals[3] = valid.sum()
-    totals[4] = (valid & (low | high)).sum()
-    totals[5] = (valid & ((low & (adv < 0)) | (high & (adv > 0)))).sum()
+    totals[N_TOKENS] = valid.sum()
+    totals[N_OUTSIDE] = (valid & (low | high)).sum()
+    totals[N_CLIPPED] = (valid & ((low & (adv < 0)) | (high & (adv > 0)))).sum()
     return totals
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
 
 
 def gap_metrics(totals: torch.Tensor) -> dict[str, float | None]:
     """LOG_KEYS -> value from summed totals (``gap_totals``; None where nothing was measured)."""
-    gap_tokens, tokens = float(totals[1]), float(totals[3])
-    mean = float(totals[0]) / gap_tokens if gap_tokens else None
-    return dict(
-        zip(
-            LOG_KEYS,
-            (
-                mean,
-                float(totals[2]) if gap_tokens else None,
-                float(totals[4]) / tokens if tokens else None,
-                float(totals[5]) / tokens if tokens else None,
-            ),
-            strict=True,
-        )
+    t = totals.tolist()
+    gap_tokens, tokens = t[N_GAP], t[N_TOKENS]
+    first, last = _ratio(t[SUM_FIRST], t[N_FIRST]), _ratio(t[SUM_LAST], t[N_LAST])
+    growth = last / first if first and last is not None else None  # 0/0, x/0: undefined
+    bins = [_ratio(s, n) for s, n in zip(t[BIN_SUMS], t[BIN_COUNTS], strict=True)]
+    values = (
+        _ratio(t[SUM_ABS], gap_tokens),
+        t[MAX_ABS] if gap_tokens else None,
+        _ratio(t[N_OUTSIDE], tokens),
+        _ratio(t[N_CLIPPED], tokens),
+        _ratio(t[SUM_K1], gap_tokens),
+        _ratio(t[SUM_K3], gap_tokens),
+        _ratio(t[SUM_LOG_PPL], t[N_SEQUENCES]),
+        growth,
+        *bins,
     )
+    return dict(zip(LOG_KEYS, values, strict=True))
 
 
 def combine_totals(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Two ``gap_totals`` as one: sums and counts add, the max is the larger."""
     out = a + b
-    out[2] = torch.maximum(a[2], b[2])
+    out[MAX_ABS] = torch.maximum(a[MAX_ABS], b[MAX_ABS])
     return out
 
 
@@ -159,7 +222,7 @@ class SamplerGapMixin:
     def _log_gap(self, totals: torch.Tensor) -> None:
         gathered = self.accelerator.gather(totals.unsqueeze(0)).view(-1, totals.numel())
         reduced = gathered.sum(dim=0)
-        reduced[2] = gathered[:, 2].max()  # -inf + -inf stays -inf: no gap tokens anywhere
+        reduced[MAX_ABS] = gathered[:, MAX_ABS].max()  # -inf + -inf stays -inf: no gap tokens anywhere
         for key, value in gap_metrics(reduced).items():
             if value is not None:
                 self._metrics["train"][key].append(value)
