@@ -13,6 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 CORES ?= 2
 # Test workers: the suite is start-up bound (each end-to-end test's jobs import torch one at a time), so
 # two workers keep both cores busy; loadfile keeps a module's tests and its shared fixtures on one worker.
+# --no-loadscope-reorder keeps the module order tests/conftest.py sets (slow modules first).
 TEST_WORKERS ?= 2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -113,13 +114,13 @@ test: $(STAMP) $(VLLM_STAMP)
 	rm -rf $(SUITE_TIMES) && mkdir -p $(SUITE_TIMES)
 	touch $(SUITE_TIMES)/main.workflows.tsv $(SUITE_TIMES)/vllm.workflows.tsv
 	RLVR_WORKFLOW_LOG=$(CURDIR)/$(SUITE_TIMES)/main.workflows.tsv $(BIN)/pytest -q -n $(TEST_WORKERS) \
-	  --dist loadfile -m 'not extended and not vllm' --junitxml=$(SUITE_TIMES)/main.xml
+	  --dist loadfile --no-loadscope-reorder -m 'not extended and not vllm' --junitxml=$(SUITE_TIMES)/main.xml
 	RLVR_REQUIRE_VLLM=1 RLVR_WORKFLOW_LOG=$(CURDIR)/$(SUITE_TIMES)/vllm.workflows.tsv $(VLLM_VENV)/bin/pytest -q \
-	  -n $(TEST_WORKERS) --dist loadfile -m 'vllm and not extended' --junitxml=$(SUITE_TIMES)/vllm.xml
+	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'vllm and not extended' --junitxml=$(SUITE_TIMES)/vllm.xml
 	$(BIN)/python bench/suite_times.py --from-junit $(SUITE_TIMES)/main.xml $(SUITE_TIMES)/vllm.xml
 
 test-quick: $(STAMP)
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m '$(QUICK)'
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m '$(QUICK)'
 
 # Every install the README documents resolves (pip install --dry-run: pip's resolver, nothing installed), and
 # each names the torch wheel it would take: `make setup`'s two steps (torch as TORCH_INDEX says, then the

@@ -274,12 +274,51 @@ VLLM_TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads"
 32 (the default's 16 fail: "Unsupported CPU attention configuration: head_dim=16"); the rest as tiny."""
 
 
+# The modules that took longest in the suite table (`make test`'s last step, bench/suite_times.py; a
+# fresh-clone run: test_report 124 s, test_slurm 107, test_distributed 88, test_gpu_smoke 55, test_evaluate
+# 46), longest first. Update it when the table's top changes.
+LONGEST_MODULES = (
+    "tests/test_report.py",
+    "tests/workflow/test_slurm.py",
+    "tests/training/test_distributed.py",
+    "tests/workflow/test_gpu_smoke.py",
+    "tests/test_evaluate.py",
+)
+
+
+def slow_modules_first(items: list) -> None:
+    """Order the modules longest first: ``LONGEST_MODULES``, then by how many of their tests are marked
+    ``slow`` (stable otherwise).
+
+    `make test` hands pytest-xdist whole modules (``--dist loadfile``, with ``--no-loadscope-reorder`` so
+    this order is kept): a module of long workflow runs started last ends the run alone while the other
+    worker idles (a fresh-clone run: 881.6 s of tests on 2 workers took 480.5 s, not ~441). Starting the
+    long modules first lets the short ones fill the gaps."""
+
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow: dict[str, int] = {}  # module -> its slow tests, in collection order
+    for item in items:
+        slow[module(item)] = slow.get(module(item), 0) + ("slow" in item.keywords)
+    order = {name: i for i, name in enumerate(slow)}
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+
+    def key(item) -> tuple:
+        name = module(item)
+        return (rank.get(name, len(rank)), -slow[name], order[name])
+
+    items.sort(key=key)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``vllm`` run against the real engine (vLLM's CPU build in .venv-vllm, `make test`).
-    Without vllm installed they are skipped, unless RLVR_REQUIRE_VLLM=1 (the Makefile's vLLM run sets it):
-    there a missing engine fails the run instead of passing it quietly."""
+    """Slow modules first (``slow_modules_first``); tests marked ``vllm`` run against the real engine
+    (vLLM's CPU build in .venv-vllm, `make test`). Without vllm installed they are skipped, unless
+    RLVR_REQUIRE_VLLM=1 (the Makefile's vLLM run sets it): there a missing engine fails the run instead of
+    passing it quietly."""
     import importlib.util
 
+    slow_modules_first(items)
     if importlib.util.find_spec("vllm") is not None:
         return
     if os.environ.get("RLVR_REQUIRE_VLLM") == "1" and any("vllm" in item.keywords for item in items):
