@@ -376,6 +376,30 @@ def test_incomplete_checkpoint_is_ignored_and_removed(tmp_path):
     assert not partial.exists()
 
 
+def test_a_multi_process_checkpoint_needs_every_ranks_whole_rng_state(tmp_path, monkeypatch):
+    """Rank 0 writes trainer_state.json with no barrier before rank 1's rng_state_1.pth: a kill between
+    them left a checkpoint that looked complete and resumed off the uninterrupted trajectory."""
+    import torch
+
+    from workflow_scripts.training.checkpoints import is_complete_checkpoint
+
+    path = tmp_path / "checkpoint-2"
+    path.mkdir()
+    (path / "model.safetensors").write_bytes(b"x")
+    (path / "optimizer.pt").write_bytes(b"x")
+    (path / "trainer_state.json").write_text("{}")
+    torch.save({"cpu": torch.random.get_rng_state()}, path / "rng_state_0.pth")
+    assert is_complete_checkpoint(path, world=1)  # one process: its own order is safe
+    assert not is_complete_checkpoint(path, world=2)  # rank 1's state not written yet
+    whole = (path / "rng_state_0.pth").read_bytes()
+    (path / "rng_state_1.pth").write_bytes(whole[: len(whole) // 2])  # killed mid-write
+    assert not is_complete_checkpoint(path, world=2)
+    (path / "rng_state_1.pth").write_bytes(whole)
+    assert is_complete_checkpoint(path, world=2)
+    monkeypatch.setenv("WORLD_SIZE", "3")  # the launcher's world size is the default
+    assert not is_complete_checkpoint(path)
+
+
 @pytest.mark.slow
 def test_stale_checkpoints_of_another_config_are_not_resumed(tiny_base, tmp_path):
     config = run_config(tiny_base)

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 
 from workflow_scripts.runtime.config import ConfigError, validate_config
 from workflow_scripts.train import job_from_config
+from workflow_scripts.training.checkpoints import is_complete_checkpoint
 from workflow_scripts.training.grpo_config import grpo_config
 from workflow_scripts.training.launch import (
     LaunchError,
@@ -262,7 +263,7 @@ def test_a_killed_two_process_job_stops_its_workers_and_resumes_bit_identically(
     parent = subprocess.Popen([sys.executable, "-c", _PARENT, json.dumps(job), str(log)], env=launch_env())
     deadline = time.time() + 120
     while parent.poll() is None and time.time() < deadline:
-        if (ckpt / "checkpoint-2" / "trainer_state.json").exists():
+        if is_complete_checkpoint(ckpt / "checkpoint-2", world=2):  # every rank's part written
             parent.kill()  # as a scheduler kills the train job's process: no cleanup of its own
             break
         time.sleep(0.02)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,11 +34,18 @@ def checkpoint_step(path: Path) -> int:
     return int(path.name.rsplit("-", 1)[1])
 
 
-def is_complete_checkpoint(path: Path) -> bool:
-    """The Trainer writes trainer_state.json after weights, optimizer, scheduler and RNG state."""
+def is_complete_checkpoint(path: Path, world: int | None = None) -> bool:
+    """Rank 0 writes trainer_state.json after the weights, optimizer, scheduler and its own RNG state; with
+    ``world`` > 1 processes (default: the launcher's WORLD_SIZE) every other rank writes its
+    rng_state_<rank>.pth with no barrier before it, so a kill can land between them: each rank's file
+    must be there, whole (torch.save writes a zip: a cut one has no end record). A resume without one
+    restores no RNG on that rank and leaves the uninterrupted run's trajectory (seen under load)."""
     try:
         json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return False
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else int(world)
+    if world > 1 and not all(zipfile.is_zipfile(path / f"rng_state_{r}.pth") for r in range(world)):
         return False
     return any(path.glob("*.safetensors")) and (path / "optimizer.pt").exists()
 
