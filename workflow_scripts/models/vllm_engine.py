@@ -21,7 +21,11 @@ What vLLM does beside the engine, and what is done about it here:
   ``llm.llm_engine.engine_core.shutdown()``), then tears down the one-process distributed state the
   engine set up, so the HF models load into freed memory and a later engine in the same process starts;
 - on the CPU build the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the multi-process
-  executor would pin OpenMP threads to every core of the NUMA node, over the job's thread count.
+  executor would pin OpenMP threads to every core of the NUMA node, over the job's thread count;
+- TRL's colocated engine joins a torch.distributed group at ``MASTER_PORT``; a single-process job has
+  none, and TRL 1.16 then takes the first free of 29500, 23456, ... (``trl.trainer.utils._find_free_port``),
+  so two train jobs starting together on one node both take 29500 and one dies with EADDRINUSE;
+  ``claim_rendezvous_port`` gives the job a port the OS assigns instead.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import socket
 import sys
 from collections.abc import Iterator, Mapping
 
@@ -86,6 +91,19 @@ def prepare_process() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     if on_cpu():
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
+def claim_rendezvous_port() -> int:
+    """``MASTER_PORT`` for a process that has none (a launcher's port is kept): one the OS assigns, not
+    TRL's fixed first choice that concurrent jobs on a node share (module docstring)."""
+    current = os.environ.get("MASTER_PORT", "").strip().lower()
+    if current not in {"", "0", "auto"}:
+        return int(current)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ["MASTER_PORT"] = str(port)
+    return port
 
 
 @contextlib.contextmanager

@@ -206,6 +206,7 @@ def vllm_engine_args(
     from workflow_scripts.models import vllm_engine as engines
 
     original = vllm_generation.LLM
+    engines.claim_rendezvous_port()  # before TRL's ensure_master_addr_port picks its fixed 29500
 
     def build(*args, **kwargs):
         if dtype is not None:
