@@ -245,9 +245,8 @@ def check_chunked_logprob_head(trainer) -> None:
     model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
     forward = getattr(model.forward, "__func__", model.forward)
     code = getattr(forward, "__code__", None)
-    patched = (
-        code is not None and "fused_lm_head" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-    )
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] if code is not None else ()
+    patched = "fused_lm_head" in names
     try:
         calls = "fused_lm_head=True" in inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
     except (OSError, TypeError, AttributeError):
