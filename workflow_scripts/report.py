@@ -119,6 +119,9 @@ def _power(comp: Mapping, h: str) -> tuple[str, str]:
             f"{need or '> ' + str(p['max_seeds'])} (equivalence at {target})",
         )
     need = p.get("seeds_needed_r0")
+    if (p.get("family") or 1) > 1:  # the whole rule's MDE (power.py); Holm's first step
+        single = p.get("mde_ratio_single")
+        mde += f" (Holm over {p['family']} arms; one comparison: {f'{fmt(single)}x' if single else 'n/a'})"
     return (
         f"power at r0={fmt(p['r0'])}: {fmt(p.get('power_at_r0'), 2)}; {mde} at {target}",
         f"{need or '> ' + str(p['max_seeds'])} (ratio r0 at {target})",

@@ -241,6 +241,7 @@ def analyze(
     margin = float(cfg["mean_margin_fraction"]) * float(gain or 0.0)
 
     by_type, model = {}, {}
+    family = max(1, len([a for a in arms[1:] if a not in controls]))  # Holm's family (verdicts)
     for t, tasks in tasks_by_type.items():
         if not tasks:
             warn.append(f"no task of role {t} is complete across runs")
@@ -261,9 +262,10 @@ def analyze(
                 cfg,
                 f"{t}/dJ",
                 "equivalence" if t == "on_task" else "detect" if t == "off_task" else None,
+                family,
             ),
             "kl": sc.model_scope(
-                rows, tasks, arms, "kl", cfg, f"{t}/kl", "detect" if t == "off_task" else None
+                rows, tasks, arms, "kl", cfg, f"{t}/kl", "detect" if t == "off_task" else None, family
             ),
         }
         if t == "off_task":  # the matched-drift scales of H2 and H3 (``scopes.DRIFT_SCALES``)

@@ -179,11 +179,13 @@ def model_scope(
     cfg: Mapping,
     key: str,
     power_for: str | None,
+    family: int = 1,
 ) -> dict[str, Any]:
     """Mixed-model fits of one role and quantity: per-arm components (whole, shared, seed x task) and
     arm-vs-reference comparisons of the whole seed variance, with power.
 
-    ``power_for``: None, 'detect' or 'equivalence' (which power block the verdict of this scope needs).
+    ``power_for``: None, 'detect' or 'equivalence' (which power block the verdict of this scope needs);
+    ``family``: the arms whose 'larger' Holm corrects together (``verdicts.family_adjusted``).
     """
     col, ncol = MODEL_QUANTITIES[quantity]
     if col not in rows.columns or rows.loc[rows["task"].isin(tasks), col].isna().any():
@@ -221,6 +223,7 @@ def model_scope(
                 floor,
                 equivalence=power_for == "equivalence",
                 basis=label,
+                family=family,
             )
         out["comparisons"][a] = comp
     failed = [f"{a}: {f.reason}" for a, f in fits.items() if f.status != "ok"]

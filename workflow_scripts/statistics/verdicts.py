@@ -133,6 +133,10 @@ def _power_text(power: Mapping | None, equivalence: bool) -> str:
         return f"power not computed ({(power or {}).get('reason', 'no model fit')})"
     mde = power.get("mde_ratio")
     mde_s = f"MDE {_f(mde)}x" if mde else f"MDE > {max(float(r) for r in power['power_by_ratio']):g}x"
+    if (power.get("family") or 1) > 1 and not equivalence:
+        single = power.get("mde_ratio_single")
+        mde_s += (f" (Holm over {power['family']} arms; as one comparison "
+                  f"{f'{_f(single)}x' if single else 'not reached'})")  # fmt: skip
     n = power["n_seeds"]
     if equivalence:
         need = power.get("seeds_needed_equivalence")
