@@ -38,6 +38,7 @@ from workflow_scripts.runtime.numerics import provenance_section
 from workflow_scripts.runtime.smk import main_from, parse_pairs
 from workflow_scripts.statistics.arms import run_setups
 from workflow_scripts.statistics.curve_report import learning_curves_section
+from workflow_scripts.statistics.mismatch_report import gaps_by_arm, mismatch_section
 from workflow_scripts.statistics.noise_floor import without_repeats
 from workflow_scripts.statistics.report_tables import (
     components_section,
@@ -45,7 +46,6 @@ from workflow_scripts.statistics.report_tables import (
     fmt,
     get,
     kl_name,
-    mismatch_section,
     noise_share_section,
     numbers_section,
     overlap_section,
@@ -381,7 +381,7 @@ def render(
     parts = [
         "\n".join(head),
         arms_section(stats),
-        summary_section(stats),
+        summary_section(stats, gaps_by_arm(seeds_only, arms, setups)),
         gate_section(stats),
         verdict_section(stats),
         decomposition_section(stats),

@@ -11,7 +11,7 @@ import pytest
 
 from workflow_scripts import report, stats
 from workflow_scripts.statistics import arms
-from workflow_scripts.statistics.report_tables import GAP_COLUMNS, mismatch_section
+from workflow_scripts.statistics.mismatch_report import GAP_COLUMNS, mismatch_section
 
 FP32 = {"param_dtype": "float32", "autocast": None, "dropout": 0.0}
 BF16 = {"param_dtype": "bfloat16", "autocast": None, "dropout": 0.0}

@@ -7,11 +7,13 @@ import copy
 import re
 
 import numpy as np
+import pandas as pd
 from test_decompose import SPECS, STALL, table
 
 from workflow_scripts import stats
 from workflow_scripts.statistics import arms as am
 from workflow_scripts.statistics import summary
+from workflow_scripts.statistics.mismatch_report import gaps_by_arm
 
 ARMS = am.arms_block(SPECS, list(SPECS))
 
@@ -180,3 +182,42 @@ def test_a_largest_effect_whose_interval_contains_zero_is_said_to_be_none():
     (largest,) = [x for x in sentences(s) if x.startswith("The largest on-task effect")]
     assert "bf16_sr's: dJ -0.002 [-0.008, 0.003]" in largest
     assert "its interval contains 0: no arm changes the on-task mean detectably" in largest
+
+
+def test_each_arm_says_where_its_sampler_trainer_gap_comes_from():
+    """The report's per-arm gaps (``gaps_by_arm`` of a metrics table, setups from the arms' config
+    entries) in the arms sentence: a dropout arm's gap is said to be dropout's, not numerics; a vLLM
+    reference's is numerics; an arm whose numerics predict no gap and that has none says nothing."""
+    gaps = {"fp32": 0.0, "bf16_drop": 0.574, "bf16": 0.0, "fp32_drop": 0.55, "bf16_sr": 0.0, "fp32_twin": 0.0}
+    rows = [
+        {"run": f"{arm}-s1", "precision": arm, "seed": 1, "repeat": 1, "task": task,
+         "sampler_gap_mean": gap, "sampler_gap_outside_clip": 0.36 if gap else 0.0}
+        for arm, gap in gaps.items() for task in ("add_sub", "mul")
+    ]  # fmt: skip
+    setups = {f"{arm}-s1": am.arm_setup(SPECS[arm]) for arm in SPECS}
+    by_arm = gaps_by_arm(pd.DataFrame(rows), list(SPECS), setups)
+    s = base_stats()
+    out = summary.summary_sentences(s, by_arm)
+    assert len(out) == len(sentences(s))  # the gaps add no sentence
+    arms = out[0]
+    assert (
+        "bf16_drop = rounding stall (bf16 masters, round-to-nearest) + dropout 0.1 (a bundle; mean "
+        "sampler-trainer gap 0.574 nats, 36% of tokens outside the clip range, from dropout (train-mode "
+        "loss, eval-mode sampler), not numerics)" in arms
+    )
+    assert "fp32_drop = dropout 0.1 (mean sampler-trainer gap 0.55 nats, 36% of tokens" in arms
+    assert "bf16 = rounding stall (bf16 masters, round-to-nearest);" in arms  # none expected, none seen
+    assert "fp32_twin = fp32 again with other seeds (a null twin)." in arms
+    vllm = {run: {**v, "backend": "vllm"} for run, v in setups.items()}
+    by_arm = gaps_by_arm(pd.DataFrame(rows).assign(sampler_gap_mean=5.5e-7, sampler_gap_outside_clip=0.0),
+                         list(SPECS), vllm)  # fmt: skip
+    arms = summary.arms_sentence(s, by_arm)
+    assert arms.startswith(
+        "Arms, each against the reference fp32 (fp32 masters, dropout 0; mean sampler-trainer gap 5.5e-07 "
+        "nats, from numerics)"
+    )
+    assert "outside the clip range" not in arms and "from numerics and dropout" in arms
+    setups["bf16-s1"] = None  # a run.json without its setup: nothing is claimed for it
+    assert "bf16 = rounding stall (bf16 masters, round-to-nearest);" in summary.arms_sentence(
+        s, gaps_by_arm(pd.DataFrame(rows), list(SPECS), setups)
+    )

@@ -212,7 +212,7 @@ def test_without_old_log_probs_the_gap_is_null_and_nothing_is_clipped(tiny_base,
 def test_the_report_shows_one_gap_line_per_arm_over_first_runs_only():
     import pandas as pd
 
-    from workflow_scripts.statistics.report_tables import mismatch_section
+    from workflow_scripts.statistics.mismatch_report import mismatch_section
 
     runs = [
         ("fp32-s1", "fp32", 1, 0.0, 0.0),

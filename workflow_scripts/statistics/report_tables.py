@@ -1,5 +1,5 @@
-"""The number tables of report.md: per role and task, variance components, training and sparsity, the
-sampler-trainer mismatch, overlap.
+"""The number tables of report.md: per role and task, variance components, training and sparsity,
+overlap (the sampler-trainer mismatch: ``mismatch_report``).
 
 Pure formatting of stats.json and the aggregate tables (``report`` assembles the document); plus the
 data-quality warnings the statistics do not see.
@@ -12,7 +12,6 @@ from typing import Any
 import pandas as pd
 
 from workflow_scripts.measures.aggregate_inputs import CHANGED_PREFIX
-from workflow_scripts.statistics.arms import ZERO_GAP, describe_setup, gap_source
 from workflow_scripts.statistics.noise_floor import without_repeats
 
 # data checks: fraction of samples above which a warning is raised
@@ -354,66 +353,6 @@ def training_section(metrics: pd.DataFrame, precisions: Sequence[str]) -> str:
             "",
         ]
     )
-
-
-GAP_COLUMNS = (  # metrics.parquet column -> header of the mismatch table
-    ("sampler_gap_mean", "mean |Δ log p|"),
-    ("sampler_gap_max", "max |Δ log p|"),
-    ("sampler_gap_kl_k1", "KL k1"),
-    ("sampler_gap_kl_k3", "KL k3"),
-    ("sampler_gap_log_ppl_abs_diff", "log-ppl abs diff"),
-    ("sampler_gap_outside_clip", "outside clip"),
-    ("sampler_gap_clipped", "clipped"),
-    ("sampler_gap_growth", "growth (2nd / 1st half)"),
-)
-GAP_OTHER_COLUMNS = (  # beside it where logged: clip share over all steps, TRL's vLLM view, fp16 scaler
-    ("clip_region_mean", "clip frac (all steps)"),
-    ("vllm_logp_diff_mean", "vLLM vs trainer |Δ log p|"),
-    ("loss_scale_final", "final loss scale"),
-    ("skipped_steps", "skipped steps"),
-)
-MISMATCH_NOTE = (
-    "Before any update on a generation round the trainer's weights are the sampler's, so Δ = log p_sampler "
-    "- log p_trainer there is numerics or dropout, not learning. Per arm, means over seeds of each run's "
-    "mean over rounds, on the completion tokens the loss sees: k1 = mean(-r) and k3 = mean(exp(r) - 1 - r), "
-    "r = log p_trainer - log p_sampler, estimate KL(sampler ‖ trainer) (the tokens were drawn from the "
-    "sampler); log-ppl abs diff = |mean log p_sampler - mean log p_trainer| per sequence; outside clip / "
-    "clipped: shares of tokens whose ratio is already outside [1 - epsilon, 1 + epsilon_high] / that the "
-    "loss clips; growth > 1: the gap grows along the completion. Source: numerics (another dtype or engine "
-    "than the loss forward), dropout (train-mode loss forward, eval-mode sampler), both, or none expected "
-    f"(the gap must then be 0: unexplained if its mean exceeds {ZERO_GAP:g} nats)."
-)
-
-
-def mismatch_section(
-    metrics: pd.DataFrame, precisions: Sequence[str], setups: Mapping[str, Any] | None = None
-) -> str:
-    """Per arm (first runs only) the sampler-trainer gap (``sampler_gap``) and where it comes from
-    (``arms.gap_source``); ``setups``: run -> ``arms.sampler_setup`` (none: source n/a)."""
-    if metrics.empty or "precision" not in metrics.columns:
-        return ""
-    runs = without_repeats(metrics[metrics["precision"].notna()]).drop_duplicates("run")
-    known = any(v is not None for v in (setups or {}).values())
-    if runs.empty or not (known or any(c in runs.columns and runs[c].notna().any() for c, _ in GAP_COLUMNS)):
-        return ""
-    runs = runs.reindex(columns=list(dict.fromkeys([*runs.columns, *(c for c, _ in GAP_COLUMNS)])))
-    other = [(c, n) for c, n in GAP_OTHER_COLUMNS if c in runs.columns and runs[c].notna().any()]
-    order = [p for p in precisions if p in set(runs["precision"])]
-    order += [p for p in runs["precision"].unique() if p not in order]
-    rows, others = [], []
-    for arm in order:
-        sel = runs[runs["precision"] == arm]
-        found = [(setups or {}).get(str(r)) for r in sel["run"]]
-        described = "; ".join(dict.fromkeys(describe_setup(x) for x in found))  # runs that differ
-        gaps = [None if pd.isna(g) else float(g) for g in sel["sampler_gap_mean"]]
-        source = "; ".join(dict.fromkeys(gap_source(x, g) for x, g in zip(found, gaps, strict=True)))
-        rows.append([arm, str(len(sel)), described, *(fmt(sel[c].mean()) for c, _ in GAP_COLUMNS), source])
-        others.append([arm, str(len(sel)), *(fmt(sel[c].mean()) for c, _ in other)])
-    head = ["precision", "seeds", "sampler / trainer", *(n for _, n in GAP_COLUMNS), "where it comes from"]
-    parts = ["## Sampler-trainer mismatch (mean over seeds)", "", MISMATCH_NOTE, "", table(head, rows), ""]
-    if other:
-        parts += [table(["precision", "seeds", *(n for _, n in other)], others), ""]
-    return "\n".join(parts)
 
 
 def overlap_section(overlap: pd.DataFrame, precisions: Sequence[str]) -> str:

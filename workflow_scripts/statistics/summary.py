@@ -1,10 +1,12 @@
-""" "What this run says": the report's first paragraph, 3-8 sentences generated from stats.json alone.
+""" "What this run says": the report's first paragraph, 3-8 sentences generated from stats.json, and from
+the mismatch table's per-arm gaps where the report passes them (``mismatch_report.gaps_by_arm``).
 
 Sentences, in order, each present only where stats.json has its numbers:
 
 | sentence       | from                            | says                                                |
 |----------------|---------------------------------|-----------------------------------------------------|
-| arms           | ``arms``                        | what each arm is against the reference, in factors  |
+| arms           | ``arms``, the gaps              | what each arm is against the reference, in factors, |
+|                |                                 | and where its sampler-trainer gap comes from        |
 | gate           | ``gate``                        | whether training worked (else nothing is testable)  |
 | largest effect | ``decomposition``               | the largest on-task mean effect with its interval;  |
 |                |                                 | for a bundle, the factor that carries it            |
@@ -24,9 +26,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from workflow_scripts.statistics.mismatch_report import gap_words
 from workflow_scripts.statistics.report_tables import ci, fmt, get, table
 
 QUANTITY_WORDS = {"H2": "off-task dJ", "H3": "off-task KL"}
+KIND_WORDS = {"null twin": "a null twin", "bundle": "a bundle"}  # an arm's kind, said after its factors
 
 
 def _signed(x: Any) -> str:
@@ -40,7 +44,9 @@ def _effect(c: Mapping | None) -> str:
     return f"{_signed(c['mean'])} {ci(c['ci'])}"
 
 
-def arms_sentence(stats: Mapping) -> str | None:
+def arms_sentence(stats: Mapping, gaps: Mapping[str, Mapping] | None = None) -> str | None:
+    """Each arm in factors against the reference; with ``gaps`` (arm -> ``gaps_by_arm`` entry), where an
+    arm's sampler-trainer gap comes from, so a gap from dropout is not read as a precision effect."""
     arms = stats.get("arms") or {}
     ref = stats.get("reference")
     if not arms or ref not in arms:
@@ -51,16 +57,18 @@ def arms_sentence(stats: Mapping) -> str | None:
         if arm == ref:
             continue
         kind = block.get("kind")
-        if kind == "null twin":
-            parts.append(f"{arm} = {ref} again with other seeds (a null twin)")
-        elif kind == "unknown":
+        if kind == "unknown":
             parts.append(f"{arm} = (no config entry)")
-        else:
-            what = " + ".join(block.get("effects") or [])
-            parts.append(f"{arm} = {what}" + (" (a bundle)" if kind == "bundle" else ""))
+            continue
+        twin = kind == "null twin"
+        what = f"{ref} again with other seeds" if twin else " + ".join(block.get("effects") or [])
+        notes = [KIND_WORDS.get(kind), gap_words((gaps or {}).get(arm))]
+        notes = [n for n in notes if n]
+        parts.append(f"{arm} = {what}" + (f" ({'; '.join(notes)})" if notes else ""))
+    ref_gap = gap_words((gaps or {}).get(ref))
     head = (
         f"Arms, each against the reference {ref} ({d.get('masters', 'n/a')} masters, dropout "
-        f"{d.get('dropout', 'n/a')})"
+        f"{d.get('dropout', 'n/a')}{'; ' + ref_gap if ref_gap else ''})"
     )
     return f"{head}: " + "; ".join(parts) + "." if parts else None
 
@@ -218,9 +226,10 @@ def controls_sentence(stats: Mapping) -> str | None:
     return f"The null twin ({', '.join(neg)}) is not called larger on dJ or KL, as a null arm must not be."
 
 
-def summary_sentences(stats: Mapping) -> list[str]:
-    """The sentences, in the order of the module table; a failed gate stops after the gate sentence."""
-    out = [s for s in (arms_sentence(stats), gate_sentence(stats)) if s]
+def summary_sentences(stats: Mapping, gaps: Mapping[str, Mapping] | None = None) -> list[str]:
+    """The sentences, in the order of the module table; a failed gate stops after the gate sentence;
+    ``gaps``: arm -> ``mismatch_report.gaps_by_arm`` entry."""
+    out = [s for s in (arms_sentence(stats, gaps), gate_sentence(stats)) if s]
     if not get(stats, "gate", "passed"):
         return out + [s for s in (largest_effect_sentence(stats),) if s]
     out += [s for s in (largest_effect_sentence(stats),) if s]
@@ -229,8 +238,8 @@ def summary_sentences(stats: Mapping) -> list[str]:
     return out
 
 
-def summary_section(stats: Mapping) -> str:
-    return "\n".join(["## What this run says", "", " ".join(summary_sentences(stats)), ""])
+def summary_section(stats: Mapping, gaps: Mapping[str, Mapping] | None = None) -> str:
+    return "\n".join(["## What this run says", "", " ".join(summary_sentences(stats, gaps)), ""])
 
 
 ARM_HEADER = ["arm", "kind", "master weights", "compute", "sampler", "dropout", "deterministic", "optimizer",
