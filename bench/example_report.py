@@ -5,7 +5,7 @@ run's ``results/analysis/report.md``, never typed by hand. The copy gets one hea
 came from: the commit (``--commit``, else ``git rev-parse`` of the run folder when it is a checkout), the
 machine (``--machine``, else the CPU or GPU recorded in the base model's ``numerics``,
 ``results/models/base.json``) and the day the report was written. Figure links, relative to the run's
-analysis folder, become plain paths (the figures stay in the run).
+analysis folder, become plain paths (the figures stay in the run); the glossary link points to docs/ again.
 
     .venv/bin/python bench/example_report.py /path/to/finished/run --commit 0346d71 \\
         --machine "AMD EPYC Zen 3 (AVX2, no native bf16), 2 cores"
@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "example-report.md"
 FIGURE_LINK = re.compile(r"\[([^\]]+)\]\((figures/[^)\s]+)\)")
+GLOSSARY_LINK = re.compile(r"\]\([^)\s]*docs/glossary\.md\)")  # relative to the run: to docs/ here
 
 
 def run_commit(run_dir: Path) -> str | None:
@@ -57,6 +58,7 @@ def example(run_dir: Path, commit: str | None = None, machine: str | None = None
     day = dt.datetime.fromtimestamp(report.stat().st_mtime, tz=dt.UTC).date().isoformat()
     body = FIGURE_LINK.sub(lambda m: f"{m.group(1)} (`results/analysis/{m.group(2)}` in the run)",
                            report.read_text())  # fmt: skip
+    body = GLOSSARY_LINK.sub("](glossary.md)", body)
     header = (
         "> Example: `results/analysis/report.md` of a real run of the default experiment (`make run`), "
         f"{source}, {machine}, written {day}; copied by `bench/example_report.py`, not edited."

@@ -9,7 +9,10 @@ def test_the_copy_names_commit_and_machine_and_keeps_the_report(tmp_path):
     example_report = bench_module("example_report")
     analysis = tmp_path / "results" / "analysis"
     analysis.mkdir(parents=True)
-    report = "# rlvr-precision: analysis report\n\n## Figures\n\n- [overlap](figures/overlap.png): masks\n"
+    report = (
+        "# rlvr-precision: analysis report\n\nterms: [glossary](../../../../repo/docs/glossary.md).\n\n"
+        "## Figures\n\n- [overlap](figures/overlap.png): masks\n"
+    )
     (analysis / "report.md").write_text(report)
     (tmp_path / "results" / "models").mkdir()
     numerics = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "cpu_bf16": False, "torch": "2.13.0+cpu"}
@@ -21,5 +24,6 @@ def test_the_copy_names_commit_and_machine_and_keeps_the_report(tmp_path):
     assert "AMD EPYC (AVX2, no native bf16), torch 2.13.0+cpu" in header  # read from the run's base.json
     assert body[0] == "# rlvr-precision: analysis report"
     assert "- overlap (`results/analysis/figures/overlap.png` in the run): masks" in body
+    assert "terms: [glossary](glossary.md)." in body  # the copy lives in docs/, beside the glossary
     text = example_report.example(tmp_path, machine="a named box")
     assert "a named box" in text.splitlines()[0]
