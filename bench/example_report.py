@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "example-report.md"
 FIGURE_LINK = re.compile(r"\[([^\]]+)\]\((figures/[^)\s]+)\)")
-GLOSSARY_LINK = re.compile(r"\]\([^)\s]*docs/glossary\.md\)")  # relative to the run: to docs/ here
+GLOSSARY = "docs/glossary.md"  # the report links it relative to the run; the copy lives beside it
+GLOSSARY_LINK = re.compile(r"\]\([^)\s]*" + re.escape(GLOSSARY) + r"\)")
 
 
 def run_commit(run_dir: Path) -> str | None:
