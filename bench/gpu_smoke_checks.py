@@ -10,9 +10,10 @@
   on the GPU, and its KV cache (``kv_cache_tokens``, blocks x block size) holds
   ``train.vllm.min_concurrent_seqs`` sequences of ``max_model_len`` tokens;
 - **memory_plan.<arm>**: ``memory_plan.train_plan`` for the smoke model (its dimensions from the built
-  base model's config.json) beside the measured peak: the device's memory (nvidia-smi samples) while the
-  arm's train job ran (its run.json's mtime minus ``wall_time_s``), else torch's reserved / allocated
-  peak; they must agree within ``PLAN_TOLERANCE`` of the measured peak;
+  base model's config.json), at the longest sequence its data can make (``longest_sequence``; the
+  config's worst-case plan beside it), against the measured peak: the device's memory (nvidia-smi samples)
+  while the arm's train job ran (its run.json's mtime minus ``wall_time_s``), else torch's reserved /
+  allocated peak; they must agree within ``PLAN_TOLERANCE`` of the measured peak;
 - **engine probe** (``engine-probe``, a child process, fp32 arm): ``torch.use_deterministic_algorithms``
   on, then an in-process vLLM engine (as TRL's colocated one) in the arm's dtype with the arm's
   ``train.vllm`` settings and sleep mode on: two generations with the same seeds (``vllm_deterministic``:
@@ -232,21 +233,32 @@ def engine_start(config: dict, record: dict) -> tuple[bool, dict, str]:
 # ------------------------------------------------------------------------------ memory plan vs peak
 
 
+def longest_sequence(config: dict, res: Path) -> int:
+    """Tokens of the longest sequence the trainer can see: the longest training prompt in the base's
+    tokenizer (its special tokens included) + train.max_completion_length."""
+    from workflow_scripts.models.modeling import load_tokenizer
+    from workflow_scripts.tasks.rows import read_rows
+
+    tokenizer = load_tokenizer(paths.base_model_dir(res))
+    prompts = [row["prompt"] for row in read_rows(paths.data_dir(res) / "train.jsonl")]
+    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+    return longest + int(config["train"]["max_completion_length"])
+
+
 def smoke_plan(config: dict, res: Path, arm: str, gpu_gib: float | None) -> dict:
-    """memory_plan.train_plan of ``arm`` for the model the workflow built (its config.json)."""
+    """memory_plan.train_plan of ``arm`` for the model the workflow built (its config.json), at the
+    longest sequence its data can make (``longest_sequence``): the peak to compare with. Beside it,
+    ``config_total``: the config's own plan (T = max_model_len or the model's positions, the worst case)."""
     from workflow_scripts.runtime.memory_plan import dims_from_hf_config, reported_gib, train_plan
     from workflow_scripts.runtime.resources import train_processes
 
     dims = dims_from_hf_config(json.loads((paths.base_model_dir(res) / "config.json").read_text()))
     total = gpu_gib or reported_gib(config.get("gpu"))
-    return train_plan(
-        dims,
-        config["precisions"][arm],
-        config["train"],
-        config["model"]["dtype"],
-        train_processes(config),
-        total,
-    )
+    args = (dims, config["precisions"][arm], config["train"], config["model"]["dtype"],
+            train_processes(config), total)  # fmt: skip
+    plan = train_plan(*args, sequence_tokens=longest_sequence(config, res))
+    worst = train_plan(*args)
+    return {**plan, "config_total": worst["total"], "config_tokens": worst["tokens"]}
 
 
 def memory_samples(csv_path: Path) -> list[tuple[float | None, int, int]]:
@@ -298,6 +310,9 @@ def plan_vs_peak(plan: dict, peak: dict | None) -> tuple[bool, dict, str]:
     from workflow_scripts.runtime.memory_plan import TRAIN_TERMS
 
     value: dict[str, Any] = {"plan_gib": {k: plan[k] for k in (*TRAIN_TERMS, "total")}}
+    value["tokens"] = plan.get("tokens")  # T of the activations: the data's longest sequence
+    if "config_total" in plan:  # the config's plan, at its worst-case T
+        value["config_plan"] = {"total_gib": plan["config_total"], "tokens": plan["config_tokens"]}
     if "engine" in plan:
         value["engine_gib"] = {k: v for k, v in plan["engine"].items() if not k.endswith("_bytes")}
     if peak is None:

@@ -231,3 +231,20 @@ def test_the_paper_config_on_one_gpu_is_refused_naming_the_arm_and_the_shortfall
 def test_a_cpu_config_has_no_plan():
     config = load_config(REPO / "config.yaml")
     assert memory_plan.plans(config) is None and memory_plan.table(config) == ""
+
+
+def test_a_known_sequence_length_sizes_the_activations_and_leaves_the_engine_alone():
+    """sequence_tokens (the GPU smoke check's: the data's longest prompt + completion) replaces the config's
+    worst-case T in the activations, which scale with it; every other term, the engine included, stays."""
+    fp32 = {"param_dtype": "float32", "autocast": None}
+    train = small_train()
+    worst, _, tokens = train_terms(SMALL, fp32, train, "bfloat16", 2, 1.0)
+    short, _, short_tokens = train_terms(SMALL, fp32, train, "bfloat16", 2, 1.0, sequence_tokens=tokens // 4)
+    assert short_tokens == tokens // 4 and tokens % 4 == 0
+    assert short["activations"] == worst["activations"] / 4
+    assert {k: v for k, v in short.items() if k not in ("activations", "fragmentation")} == {
+        k: v for k, v in worst.items() if k not in ("activations", "fragmentation")
+    }
+    plan = memory_plan.train_plan(SMALL, fp32, train, "bfloat16", 2, 1.0, sequence_tokens=tokens // 4)
+    assert plan["tokens"] == tokens // 4
+    assert plan["engine"] == memory_plan.train_plan(SMALL, fp32, train, "bfloat16", 2, 1.0)["engine"]

@@ -116,6 +116,18 @@ def test_memory_plan_is_printed_per_arm_with_no_measured_peak_on_cpu(smoke):
         assert set(value["plan_gib"]) == {*TRAIN_TERMS, "total"} and value["plan_gib"]["total"] >= 1.0
         assert f"memory plan {arm} (GiB): weights" in smoke["proc"].stdout
     assert "measured fp32: no measured GPU peak" in smoke["proc"].stdout  # the tiny model: 1 GiB of context
+    # compared at the data's longest sequence (prompt + completion), the config's worst case beside it
+    from workflow_scripts.models.modeling import load_tokenizer
+
+    results = smoke["workdir"] / "results"
+    tokenizer = load_tokenizer(results / "models" / "base")
+    rows = (results / "data" / "train.jsonl").read_text().splitlines()
+    prompts = [json.loads(line)["prompt"] for line in rows]
+    config = yaml.safe_load(smoke["config"].read_text())
+    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts) + config["train"]["max_completion_length"]
+    value = smoke["json"]["checks"]["memory_plan.fp32"]["value"]
+    assert value["tokens"] == longest < value["config_plan"]["tokens"]
+    assert value["config_plan"]["total_gib"] >= value["plan_gib"]["total"]
 
 
 def test_rollout_gap_and_tokens_per_s_are_read_on_cpu_too(smoke):
