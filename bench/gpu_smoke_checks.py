@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -236,13 +237,18 @@ def engine_start(config: dict, record: dict) -> tuple[bool, dict, str]:
 def longest_sequence(config: dict, res: Path) -> int:
     """Tokens of the longest sequence the trainer can see: the longest training prompt in the base's
     tokenizer (its special tokens included) + train.max_completion_length."""
+    return longest_prompt(res) + int(config["train"]["max_completion_length"])
+
+
+@functools.cache
+def longest_prompt(res: Path) -> int:
+    """Tokens of the longest training prompt of the run in ``res`` (read once for every arm's plan)."""
     from workflow_scripts.models.modeling import load_tokenizer
     from workflow_scripts.tasks.rows import read_rows
 
     tokenizer = load_tokenizer(paths.base_model_dir(res))
-    prompts = [row["prompt"] for row in read_rows(paths.data_dir(res) / "train.jsonl")]
-    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
-    return longest + int(config["train"]["max_completion_length"])
+    rows = read_rows(paths.data_dir(res) / "train.jsonl")
+    return max(len(tokenizer(row["prompt"])["input_ids"]) for row in rows)
 
 
 def smoke_plan(config: dict, res: Path, arm: str, gpu_gib: float | None) -> dict:

@@ -38,7 +38,7 @@ from workflow_scripts.runtime.numerics import provenance_section
 from workflow_scripts.runtime.smk import main_from, parse_pairs
 from workflow_scripts.statistics.arms import run_setups
 from workflow_scripts.statistics.curve_report import learning_curves_section
-from workflow_scripts.statistics.mismatch_report import gaps_by_arm, mismatch_section
+from workflow_scripts.statistics.mismatch_report import gaps_by_arm, mismatch_table
 from workflow_scripts.statistics.noise_floor import without_repeats
 from workflow_scripts.statistics.report_tables import (
     components_section,
@@ -378,10 +378,11 @@ def render(
     ]
     warnings = list(stats.get("warnings") or []) + data_warnings(metrics)  # repeats' rows checked too
     seeds_only = without_repeats(metrics)  # each (arm, seed) once: repeats are in noise_floor_section
+    gaps = gaps_by_arm(seeds_only, arms, setups)  # the mismatch table and the summary's words
     parts = [
         "\n".join(head),
         arms_section(stats),
-        summary_section(stats, gaps_by_arm(seeds_only, arms, setups)),
+        summary_section(stats, gaps),
         gate_section(stats),
         verdict_section(stats),
         decomposition_section(stats),
@@ -393,7 +394,7 @@ def render(
         noise_floor_section(stats),
         learning_curves_section(learning_curves),
         training_section(seeds_only, arms),
-        mismatch_section(seeds_only, arms, setups),
+        mismatch_table(gaps),
         overlap_section(overlap if overlap is not None else pd.DataFrame(), arms),
         figures_section(figures, report_path),
         provenance_section(dict(numerics or {})),

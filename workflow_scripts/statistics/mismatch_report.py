@@ -95,7 +95,11 @@ def mismatch_section(
 ) -> str:
     """Per arm (first runs only) the sampler-trainer gap (``sampler_gap``) and where it comes from
     (``arms.gap_source``); ``setups``: run -> ``arms.sampler_setup`` (none: source n/a)."""
-    by_arm = gaps_by_arm(metrics, precisions, setups)
+    return mismatch_table(gaps_by_arm(metrics, precisions, setups))
+
+
+def mismatch_table(by_arm: Mapping[str, Mapping[str, Any]]) -> str:
+    """The report's mismatch section from ``gaps_by_arm``; empty without gaps."""
     if not by_arm:
         return ""
     other = [(c, n) for c, n in GAP_OTHER_COLUMNS if any(not pd.isna(g.get(c)) for g in by_arm.values())]

@@ -59,12 +59,7 @@ def _rows(
     whole: float, rho: float, v: np.ndarray, n_seeds: int, sims: int, rng: np.random.Generator
 ) -> np.ndarray:
     """Seed-centred rows (sims, n_seeds, T) of simulated arms: their scatter is Wishart(n_seeds - 1)."""
-    cov = vm.whole_covariance(whole, rho, v)
-    try:
-        root = np.linalg.cholesky(cov + 1e-300 * np.eye(v.size))
-    except np.linalg.LinAlgError:  # singular (no eval noise, no task variance): a PSD root
-        lam, q = np.linalg.eigh(cov)
-        root = q * np.sqrt(np.clip(lam, 0.0, None))
+    root = vm.covariance_root(vm.whole_covariance(whole, rho, v))
     y = rng.standard_normal((sims, n_seeds, v.size)) @ root.T
     return y - y.mean(axis=1, keepdims=True)
 

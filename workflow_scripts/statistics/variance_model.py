@@ -524,14 +524,19 @@ def whole_covariance(whole: float, rho: float, v: np.ndarray) -> np.ndarray:
     return covariance(whole * rho, whole * (1.0 - rho), v)
 
 
+def covariance_root(cov: np.ndarray) -> np.ndarray:
+    """A root L of cov (L L^T = cov): Cholesky, else (singular: no eval noise, no task variance, sig2 *
+    ones) the PSD root from its eigendecomposition."""
+    try:
+        return np.linalg.cholesky(cov + 1e-300 * np.eye(cov.shape[0]))
+    except np.linalg.LinAlgError:
+        lam, q = np.linalg.eigh(cov)
+        return q * np.sqrt(np.clip(lam, 0.0, None))
+
+
 def draw_scatter(cov: np.ndarray, df: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """n Wishart(df, cov) scatter matrices (the seed-centred W of simulated arms)."""
-    try:
-        chol = np.linalg.cholesky(cov + 1e-300 * np.eye(cov.shape[0]))
-    except np.linalg.LinAlgError:  # singular (no eval noise, no task variance: sig2 * ones): a PSD root
-        lam, q = np.linalg.eigh(cov)
-        chol = q * np.sqrt(np.clip(lam, 0.0, None))
-    z = rng.standard_normal((n, df, cov.shape[0])) @ chol.T
+    z = rng.standard_normal((n, df, cov.shape[0])) @ covariance_root(cov).T
     return np.einsum("nst,nsu->ntu", z, z)
 
 
