@@ -8,16 +8,21 @@ real metrics table, by the analysis's own model and rule (``verdicts.verdict_var
 - null: runs that compute the same thing (``--arm DIR:PRECISION``, repeatable, e.g. the default's fp32 and
   fp32_twin, or the twins of config.twins.yaml) are split at random into two labelled arms of ``--seeds``
   runs; the rate of "larger" (the rule's 'supported') must be at most alpha on every scale;
-- planted: the same splits with arm A's seed deviations (on the scale being tested, around A's per-task
-  mean) multiplied so that their variance is ``--ratio`` times larger, in three forms: ``whole`` (every
-  run x task deviation), ``shared`` (the run's mean over tasks only: a seed effect shared by the tasks),
-  ``task`` (the seed x task residual only); the rate of "larger" is the detection rate at that ratio;
+- planted: the same splits with arm A's whole seed variance (on the scale being tested) made ``--ratio``
+  times larger on every task, in three forms: ``whole`` (A's real deviations from its per-task mean
+  scaled: their shape kept), ``shared`` (a normal seed effect shared by the tasks added), ``task`` (an
+  independent normal seed x task effect added), each added effect of variance (ratio - 1) x the task's
+  whole seed variance; the rate of "larger" is the detection rate at that ratio in that form;
+- twin sets: with ``--twin-sets``, the pooled runs cut into disjoint sets of ``--seeds`` (in their order:
+  one arm's seeds, then the next) and every ordered pair of sets compared: real null twins at that seed
+  count;
 - twins: with ``--twins DIR`` (a run of config.twins.yaml), every twin arm against the reference and
   against each other twin, the rule as the report applies it (one comparison each).
 
 The splits share runs, so their outcomes are not independent: the intervals are a guide, not a bound.
 
-    .venv/bin/python bench/calibrate_scales.py --arm results:fp32 --arm results:fp32_twin --seeds 8
+    .venv/bin/python bench/calibrate_scales.py --arm results:fp32 --arm results:fp32_twin --seeds 12 \
+        --twin-sets --jobs 2
 """
 
 from __future__ import annotations
@@ -25,12 +30,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-from scipy import stats as st
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy loads BLAS: one thread per process (two processes with
+    # two BLAS threads each spin against each other on 2 cores: measured here, several times slower)
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats as st  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
@@ -50,23 +62,30 @@ SCALES = {  # quantity of the model -> (what the verdict calls it, column it pla
 FORMS = ("whole", "shared", "task")
 
 
-def plant(rows: pd.DataFrame, col: str, ratio: float, form: str) -> pd.DataFrame:
-    """Arm A's deviations of ``col`` from its per-task mean scaled by sqrt(ratio) in the given form."""
+def plant(rows: pd.DataFrame, col: str, ratio: float, form: str, rng: np.random.Generator) -> pd.DataFrame:
+    """Arm A's whole seed variance of ``col`` made ``ratio`` times larger on every task, in one form:
+    ``whole`` scales A's real deviations from its per-task mean by sqrt(ratio) (their shape kept);
+    ``shared`` adds a normal seed effect shared by the tasks, ``task`` an independent one per task, of
+    variance (ratio - 1) x the task's whole seed variance (across the table's runs, eval noise taken
+    out), so the whole variance, what the rule compares, grows by ``ratio`` in each form."""
     rows = rows.copy()
     a = rows["precision"] == "A"
     wide = rows.loc[a].pivot_table(index="unit", columns="task", values=col)
-    dev = wide - wide.mean(axis=0)
-    shared = dev.mean(axis=1)
-    task = dev.sub(shared, axis=0)
-    k = np.sqrt(ratio)
-    new_dev = {"whole": dev * k, "shared": task + np.outer(shared * k, np.ones(dev.shape[1])),
-               "task": task * k + np.outer(shared, np.ones(dev.shape[1]))}[form]  # fmt: skip
-    new = (wide.mean(axis=0) + new_dev).stack().rename("new").reset_index()
+    if form == "whole":
+        new = wide.mean(axis=0) + (wide - wide.mean(axis=0)) * np.sqrt(ratio)
+    else:
+        ncol = sc.MODEL_QUANTITIES[QUANTITY_OF[col]][1]
+        by_task = rows.groupby("task")
+        whole = (by_task[col].var(ddof=1) - by_task[ncol].mean()).clip(lower=0.0)[wide.columns]
+        z = rng.standard_normal((len(wide), 1 if form == "shared" else wide.shape[1]))
+        new = wide + z * np.sqrt((ratio - 1.0) * whole.to_numpy())[None, :]
+    new = new.stack().rename("new").reset_index()
     merged = rows.loc[a, ["unit", "task"]].merge(new, on=["unit", "task"], how="left")
     rows.loc[a, col] = merged["new"].to_numpy()
     return rows
 
 
+QUANTITY_OF = {cols[0]: q for q, cols in sc.MODEL_QUANTITIES.items()}  # model column -> quantity
 BOOTSTRAP: int | None = None  # --bootstrap: bootstrap tables and seed permutations per comparison
 
 
@@ -108,6 +127,53 @@ def twin_table(folder: Path, scales: list[str] | None = None) -> list[tuple[str,
     return out
 
 
+POOL: pd.DataFrame | None = None  # the pooled runs, shared with the worker processes (fork)
+
+
+def split_outcomes(job: tuple[int, int, int, float, tuple[str, ...], bool]) -> dict[str, list[str]]:
+    """Every outcome of split ``i``: null and each planted form (none with ``null_only``) on every scale
+    (its own generator, so a split's result does not depend on how the splits are shared among processes)."""
+    i, seed, n, ratio, scales, null_only = job
+    assert POOL is not None
+    rng = np.random.default_rng([seed, i])
+    rows = split_rows(POOL, rng, n)
+    got: dict[str, list[str]] = {}
+    for q in scales:
+        got.setdefault(f"null {q}", []).append(outcome(rows, q, "B", "A", f"null/{q}/{i}"))
+        for form in () if null_only else FORMS:
+            planted = plant(rows, sc.MODEL_QUANTITIES[q][0], ratio, form, rng)
+            got.setdefault(f"{ratio:g}x {form} {q}", []).append(
+                outcome(planted, q, "B", "A", f"{form}/{q}/{i}")
+            )
+    return got
+
+
+def twin_sets(pool: pd.DataFrame, n: int, scales: list[str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(reference, arm, scale, verdict) of every ordered pair of disjoint sets of ``n`` real runs (the
+    pooled runs in their order: seeds of one arm, then the next), as the analysis computes one
+    comparison: each pair is a real null twin at ``n`` seeds."""
+    units = np.unique(pool["unit"])
+    sets = {f"set{j + 1}": units[j * n : (j + 1) * n] for j in range(len(units) // n)}
+    label = {u: name for name, us in sets.items() for u in us}
+    rows = pool[pool["unit"].isin(label)].copy()
+    rows["precision"], rows["seed"] = rows["unit"].map(label), rows["unit"]
+    out = []
+    for ref, arm in itertools.permutations(sets, 2):
+        sub = rows[rows["precision"].isin([ref, arm])].copy()
+        stats._drift_scales(sub)  # the dJ scale's divisor is each set's own mean KL
+        for q in scales or SCALES:
+            out.append((ref, arm, q, outcome(sub, q, ref, arm, f"sets/{ref}/{arm}/{q}")))
+    return out
+
+
+def _print_twins(table: list[tuple[str, str, str, str]], scales: list[str] | None, what: str) -> None:
+    print(f"\n| scale | {what} called larger | pairs |\n|---|---|---|")
+    for q in scales or SCALES:
+        got_q = [v for _, _, s, v in table if s == q]
+        hits = [f"{a} vs {r}" for r, a, s, v in table if s == q and v == "supported"]
+        print(f"| {SCALES[q]} | {rate(got_q)} | {', '.join(hits) or '-'} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -117,7 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", type=int, default=100)
     parser.add_argument("--ratio", type=float, default=4.0, help="planted variance ratio")
     parser.add_argument("--twins", type=Path, help="a results dir of config.twins.yaml")
+    parser.add_argument(
+        "--twin-sets",
+        action="store_true",
+        help="also every ordered pair of disjoint --seeds sets of the --arm runs",
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--null-only", action="store_true", help="no planted effects (null splits only)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes (one thread each)")
     parser.add_argument("--scales", nargs="*", choices=list(SCALES), help="only these (default: all)")
     parser.add_argument(
         "--bootstrap",
@@ -127,34 +200,36 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write every outcome here too")
     args = parser.parse_args(argv)
-    global BOOTSTRAP
+    global BOOTSTRAP, POOL
     BOOTSTRAP = args.bootstrap
     record: dict = {}
+    scales = tuple(args.scales or SCALES)
     if args.arm:
-        pool = pooled_runs(args.arm)
-        rng = np.random.default_rng(args.seed)
+        POOL = pooled_runs(args.arm)
+        jobs = [(i, args.seed, args.seeds, args.ratio, scales, args.null_only) for i in range(args.splits)]
+        if args.jobs > 1:
+            with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as ex:
+                parts = list(ex.map(split_outcomes, jobs, chunksize=4))
+        else:
+            parts = [split_outcomes(job) for job in jobs]
         got: dict[str, list[str]] = {}
-        for i in range(args.splits):
-            rows = split_rows(pool, rng, args.seeds)
-            for q in args.scales or SCALES:
-                got.setdefault(f"null {q}", []).append(outcome(rows, q, "B", "A", f"null/{q}/{i}"))
-                for form in FORMS:
-                    planted = plant(rows, sc.MODEL_QUANTITIES[q][0], args.ratio, form)
-                    name = f"{args.ratio:g}x {form} {q}"
-                    got.setdefault(name, []).append(outcome(planted, q, "B", "A", f"{form}/{q}/{i}"))
-        print(f"{pool['unit'].nunique()} distinct runs; {args.splits} splits of {args.seeds} vs {args.seeds}")
+        for part in parts:
+            for name, outcomes in part.items():
+                got.setdefault(name, []).extend(outcomes)
+        n_runs = POOL["unit"].nunique()
+        print(f"{n_runs} distinct runs; {args.splits} splits of {args.seeds} vs {args.seeds}")
         print("| case | scale | rate of 'larger' [95% CI] |\n|---|---|---|")
         for name, outcomes in got.items():
             case, q = name.rsplit(" ", 1)
             print(f"| {case} | {SCALES[q]} | {rate(outcomes)} |")
         record["splits"] = got
+        if args.twin_sets:
+            sets = twin_sets(POOL, args.seeds, args.scales)
+            _print_twins(sets, args.scales, f"pairs of the {n_runs // args.seeds} sets of {args.seeds} runs")
+            record["twin_sets"] = sets
     if args.twins:
         table = twin_table(args.twins, args.scales)
-        print("\n| scale | twin pairs called larger | pairs |\n|---|---|---|")
-        for q in args.scales or SCALES:
-            got_q = [v for _, _, s, v in table if s == q]
-            hits = [f"{a} vs {r}" for r, a, s, v in table if s == q and v == "supported"]
-            print(f"| {SCALES[q]} | {rate(got_q)} | {', '.join(hits) or '-'} |")
+        _print_twins(table, args.scales, "twin pairs")
         record["twins"] = table
     if args.json:
         args.json.write_text(json.dumps(record, indent=1))

@@ -358,7 +358,7 @@ def test_power_grows_with_the_ratio_and_the_mde_and_seeds_needed_agree_with_it()
     whole = BASE_VAR + simulation.TASK_VAR  # the simulation's truth
     null = variance_model.NullFit(whole, BASE_VAR / whole, BASE_VAR / whole)
     cfg = {**CFG, "power_simulations": 300, "max_seeds": 128}
-    block = power.power_block(fa, fr, null, cfg, np.random.default_rng(22), floor, equivalence=True)
+    block = power.power_block(fa, fr, null, cfg, np.random.default_rng(22), floor, equivalence=False)
     # the curve runs in the order of power.RATIOS up to the first ratio whose power reaches the target
     assert list(block["power_by_ratio"]) == [f"{r:g}" for r in power.RATIOS[: len(block["power_by_ratio"])]]
     curve = list(block["power_by_ratio"].values())
@@ -371,7 +371,9 @@ def test_power_grows_with_the_ratio_and_the_mde_and_seeds_needed_agree_with_it()
     assert need is not None and need > 10  # a 2x ratio needs far more than 10 seeds
     rng = np.random.default_rng(23)
     assert power.detect_power(null, 2.0, fa, fr, need, ALPHA, 400, rng, floor) >= 0.72
-    assert block["equivalence_power"] < 0.2  # showing equivalence within 2x at 10 seeds: hopeless
+    eq = power.power_block(fa, fr, null, cfg, np.random.default_rng(22), floor, equivalence=True)
+    assert eq["equivalence_power"] < 0.2  # showing equivalence within 2x at 10 seeds: hopeless
+    assert eq["seeds_needed_equivalence"] > 10 and "power_by_ratio" not in eq and "mde_ratio" not in eq
     assert (
         power.smallest([1, 2, 3, 4, 5], lambda n: n >= 4) == 4
         and power.smallest([1, 2], lambda n: False) is None
@@ -589,7 +591,8 @@ def test_gate_passes_and_h2_is_supported_for_a_planted_9x_ratio_with_power_state
     comp = out["mixed_model"]["off_task"]["dJ"]["comparisons"]["bf16"]
     assert comp["ratio_ci"][0] > 1 and comp["p"] < ALPHA and comp["p_source"] == "parametric bootstrap"
     assert comp["power"]["status"] == "ok" and comp["power"]["mde_ratio"] is not None
-    assert "MDE" in out["verdicts"]["H1"]["reason"] and "equivalence" in out["verdicts"]["H1"]["reason"]
+    h1 = out["verdicts"]["H1"]["reason"]
+    assert "MDE" not in h1 and "power to show equivalence" in h1  # H1 is an equivalence verdict
 
 
 def test_h1_supported_only_with_mean_and_variance_equivalence():

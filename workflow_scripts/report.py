@@ -107,17 +107,17 @@ def _power(comp: Mapping, h: str) -> tuple[str, str]:
     if p.get("status") != "ok":
         return f"n/a ({p.get('reason') or 'no model fit'})", "n/a"
     target = f"{p['target']:.0%}"
+    if h == "H1":  # an equivalence verdict: its power, no detection MDE (power.power_block)
+        need = p.get("seeds_needed_equivalence")
+        return (
+            f"equivalence power {fmt(p.get('equivalence_power'), 2)} (ratio 1, inside 1/r0..r0)",
+            f"{need or '> ' + str(p['max_seeds'])} (equivalence at {target})",
+        )
     mde = (
         f"MDE {fmt(p['mde_ratio'])}x"
         if p.get("mde_ratio")
         else f"MDE > {max(map(float, p['power_by_ratio'])):g}x"
     )
-    if h == "H1":
-        need = p.get("seeds_needed_equivalence")
-        return (
-            f"equivalence power {fmt(p.get('equivalence_power'), 2)}; {mde} at {target}",
-            f"{need or '> ' + str(p['max_seeds'])} (equivalence at {target})",
-        )
     need = p.get("seeds_needed_r0")
     if (p.get("family") or 1) > 1:  # the whole rule's MDE (power.py); Holm's first step
         single = p.get("mde_ratio_single")

@@ -13,23 +13,28 @@ def cal():
     return bench_module("calibrate_scales")
 
 
-def test_a_planted_effect_multiplies_the_variance_in_its_form_and_nothing_else(cal):
+def test_a_planted_effect_multiplies_the_whole_seed_variance_in_its_form(cal):
     rng = np.random.default_rng(0)
-    rows = pd.DataFrame([{"unit": u, "task": t, "precision": "A" if u < 8 else "B", "x": rng.normal()}
-                         for u in range(16) for t in TASKS])  # fmt: skip
-    wide = lambda r: r[r["precision"] == "A"].pivot_table(index="unit", columns="task", values="x")  # noqa: E731
+    n = 4000  # runs of arm A: the variance ratios below are within a few % of their truth
+    sd = {t: 0.1 * (i + 1) for i, t in enumerate(TASKS)}  # tasks differ in spread
+    rows = pd.DataFrame([{"unit": u, "task": t, "precision": "A" if u < n else "B",
+                          "dJ": rng.normal(0, sd[t]), "noise": 0.0}
+                         for u in range(n + 8) for t in TASKS])  # fmt: skip
+    wide = lambda r: r[r["precision"] == "A"].pivot_table(index="unit", columns="task", values="dJ")  # noqa: E731
     before = wide(rows)
     for form in cal.FORMS:
-        after = wide(cal.plant(rows, "x", 4.0, form))
-        dev_b, dev_a = before - before.mean(), after - after.mean()
-        shared_b, shared_a = dev_b.mean(axis=1), dev_a.mean(axis=1)
-        resid_b, resid_a = dev_b.sub(shared_b, axis=0), dev_a.sub(shared_a, axis=0)
-        assert np.allclose(after.mean(), before.mean())  # task means kept
-        k_shared = 2.0 if form in ("whole", "shared") else 1.0
-        k_task = 2.0 if form in ("whole", "task") else 1.0
-        assert np.allclose(shared_a, k_shared * shared_b) and np.allclose(resid_a, k_task * resid_b)
-    b = cal.plant(rows, "x", 4.0, "whole")
-    assert b.loc[b["precision"] == "B", "x"].equals(rows.loc[rows["precision"] == "B", "x"])
+        after = wide(cal.plant(rows, "dJ", 4.0, form, np.random.default_rng(1)))
+        assert np.allclose(after.var() / before.var(), 4.0, rtol=0.1), form  # the whole variance, per task
+        added = (after - before) / np.sqrt(3.0 * pd.Series(sd) ** 2)  # the planted effect in SD units
+        if form == "whole":
+            assert np.allclose(after - after.mean(), 2.0 * (before - before.mean()))  # the real shape kept
+        elif form == "shared":
+            spread = added.std(axis=1) / added.abs().mean(axis=1)  # one effect for all tasks of a run
+            assert (spread < 0.05).all()  # (up to the table's estimate of each task's variance)
+        else:
+            assert abs(np.corrcoef(added.to_numpy().T)[0, 1]) < 0.1  # independent across tasks
+    b = cal.plant(rows, "dJ", 4.0, "shared", np.random.default_rng(1))
+    assert b.loc[b["precision"] == "B", "dJ"].equals(rows.loc[rows["precision"] == "B", "dJ"])
 
 
 @pytest.mark.slow
@@ -67,3 +72,16 @@ def test_twin_pairs_are_every_ordered_pair_of_the_folder_arms(cal, tmp_path):
         ("fp32", "fp32_twin"), ("fp32", "fp32_twin2"), ("fp32_twin", "fp32"), ("fp32_twin", "fp32_twin2"),
         ("fp32_twin2", "fp32"), ("fp32_twin2", "fp32_twin"),
     }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_twin_sets_cut_the_pooled_runs_into_disjoint_sets_and_compare_every_ordered_pair(cal, tmp_path):
+    from null_splits import pooled_runs
+
+    rng = np.random.default_rng(3)
+    write_metrics(tmp_path / "a", "fp32", range(1, 15), rng)  # 14 runs: two sets of 6, two runs left over
+    table = cal.twin_sets(pooled_runs([f"{tmp_path / 'a'}:fp32"]), 6, ["dJ", "kl"])
+    assert [(r, a, q) for r, a, q, _ in table] == [
+        (r, a, q) for r, a in (("set1", "set2"), ("set2", "set1")) for q in ("dJ", "kl")
+    ]
+    assert {v for *_, v in table} <= {"supported", "inconclusive", "contradicted"}

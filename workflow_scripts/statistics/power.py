@@ -15,7 +15,9 @@ over V exactly as the data were:
   compared with the same reference. The minimal detectable ratio (MDE) is the smallest R of ``RATIOS``
   with power >= ``power_target`` at the seeds in hand, and seeds needed is the smallest seeds per arm
   (``SEED_GRID`` up to ``max_seeds``) that reach it at R = r0.
-- equivalence (H1): P(the (1-2 alpha) profile CI lies inside (1/r0, r0)) at a true ratio 1.
+- equivalence (H1): P(the (1-2 alpha) profile CI lies inside (1/r0, r0)) at a true ratio 1, and the seeds
+  that reach the target; no detection curve (an MDE answers "could a larger ratio be found", which is
+  not what an equivalence verdict claims).
 
 How the guards are simulated (``rule_power``): each simulated table is drawn as seed rows. The bootstrap
 rejects when the LRT exceeds the upper alpha point of the LRT over tables drawn from the table's fitted
@@ -282,6 +284,25 @@ def power_block(
     max_seeds = int(cfg["max_seeds"])
     grid_n = [s for s in SEED_GRID if s <= max_seeds]
 
+    if equivalence:  # H1: what a detection MDE says is not the question an equivalence verdict asks
+        return {
+            "status": "ok",
+            "statistic": "whole seed variance (shared + seed x task)",
+            "rule": "(1-2 alpha) profile CI of the ratio inside (1/r0, r0) at a true ratio 1",
+            "n_seeds": n,
+            "simulations": sims,
+            "target": target,
+            "basis": basis,
+            "whole_var_ref": null.whole_var,
+            "shared_fraction": [null.rho_arm, null.rho_ref],
+            "equivalence_power": equivalence_power(null, fa, fr, n, alpha, r0, sims, rng, floor),
+            "seeds_needed_equivalence": smallest(
+                grid_n, lambda s: equivalence_power(null, fa, fr, s, alpha, r0, sims, rng, floor) >= target
+            ),
+            "max_seeds": max_seeds,
+            "r0": r0,
+        }
+
     def detect(r: float, s: int, guards: bool = True) -> tuple[float, float]:
         return rule_power(null, r, fa, fr, s, alpha, sims, rng, floor, family, guards)
 
@@ -320,9 +341,4 @@ def power_block(
         "max_seeds": max_seeds,
         "r0": r0,
     }
-    if equivalence:
-        out["equivalence_power"] = equivalence_power(null, fa, fr, n, alpha, r0, sims, rng, floor)
-        out["seeds_needed_equivalence"] = smallest(
-            grid_n, lambda s: equivalence_power(null, fa, fr, s, alpha, r0, sims, rng, floor) >= target
-        )
     return out

@@ -119,6 +119,8 @@ def components_section(stats: Mapping) -> str:
                     continue
                 power = comp.get("power") or {}
                 mde = fmt(power.get("mde_ratio")) if power.get("status") == "ok" else "n/a"
+                if "equivalence_power" in power:  # an equivalence scope (H1): no detection curve
+                    mde = f"(equivalence power {fmt(power['equivalence_power'], 2)})"
                 ratios.append(
                     [
                         role,

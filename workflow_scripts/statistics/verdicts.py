@@ -131,20 +131,20 @@ def gate(values: Sequence[float], alpha: float, arm: str, base_noise: float = 0.
 def _power_text(power: Mapping | None, equivalence: bool) -> str:
     if not power or power.get("status") != "ok":
         return f"power not computed ({(power or {}).get('reason', 'no model fit')})"
-    mde = power.get("mde_ratio")
-    mde_s = f"MDE {_f(mde)}x" if mde else f"MDE > {max(float(r) for r in power['power_by_ratio']):g}x"
-    if (power.get("family") or 1) > 1 and not equivalence:
-        single = power.get("mde_ratio_single")
-        mde_s += (f" (Holm over {power['family']} arms; as one comparison "
-                  f"{f'{_f(single)}x' if single else 'not reached'})")  # fmt: skip
     n = power["n_seeds"]
     if equivalence:
         need = power.get("seeds_needed_equivalence")
         need_s = f"{need} seeds per arm" if need else f"> {power['max_seeds']} seeds per arm"
         return (
             f"power to show equivalence at ratio 1: {_f(power.get('equivalence_power'), 2)} with {n} seeds "
-            f"({need_s} for {power['target']:.0%}); {mde_s} at {power['target']:.0%} power"
+            f"({need_s} for {power['target']:.0%})"
         )
+    mde = power.get("mde_ratio")
+    mde_s = f"MDE {_f(mde)}x" if mde else f"MDE > {max(float(r) for r in power['power_by_ratio']):g}x"
+    if (power.get("family") or 1) > 1:
+        single = power.get("mde_ratio_single")
+        mde_s += (f" (Holm over {power['family']} arms; as one comparison "
+                  f"{f'{_f(single)}x' if single else 'not reached'})")  # fmt: skip
     need = power.get("seeds_needed_r0")
     need_s = f"{need} seeds per arm" if need else f"> {power['max_seeds']} seeds per arm"
     return (
