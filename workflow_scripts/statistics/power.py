@@ -284,23 +284,26 @@ def power_block(
     max_seeds = int(cfg["max_seeds"])
     grid_n = [s for s in SEED_GRID if s <= max_seeds]
 
+    common = {
+        "status": "ok",
+        "statistic": "whole seed variance (shared + seed x task)",
+        "n_seeds": n,
+        "simulations": sims,
+        "target": target,
+        "basis": basis,
+        "whole_var_ref": null.whole_var,
+        "shared_fraction": [null.rho_arm, null.rho_ref],
+        "max_seeds": max_seeds,
+        "r0": r0,
+    }
     if equivalence:  # H1: what a detection MDE says is not the question an equivalence verdict asks
         return {
-            "status": "ok",
-            "statistic": "whole seed variance (shared + seed x task)",
+            **common,
             "rule": "(1-2 alpha) profile CI of the ratio inside (1/r0, r0) at a true ratio 1",
-            "n_seeds": n,
-            "simulations": sims,
-            "target": target,
-            "basis": basis,
-            "whole_var_ref": null.whole_var,
-            "shared_fraction": [null.rho_arm, null.rho_ref],
             "equivalence_power": equivalence_power(null, fa, fr, n, alpha, r0, sims, rng, floor),
             "seeds_needed_equivalence": smallest(
                 grid_n, lambda s: equivalence_power(null, fa, fr, s, alpha, r0, sims, rng, floor) >= target
             ),
-            "max_seeds": max_seeds,
-            "r0": r0,
         }
 
     def detect(r: float, s: int, guards: bool = True) -> tuple[float, float]:
@@ -319,26 +322,17 @@ def power_block(
     upper = [s for s in grid_n if low is not None and s >= low]
     need = smallest(upper, lambda s: detect(r0, s)[0] >= target)
     out: dict[str, Any] = {
-        "status": "ok",
-        "statistic": "whole seed variance (shared + seed x task)",
+        **common,
         "rule": (
             "whole rule: profile bound, bootstrap and seed-permutation guards, Holm over the arms compared "
             "with the reference (the arm the only real effect)"
         ),
         "family": family,
-        "n_seeds": n,
-        "simulations": sims,
-        "target": target,
-        "basis": basis,
-        "whole_var_ref": null.whole_var,
-        "shared_fraction": [null.rho_arm, null.rho_ref],
         "power_by_ratio": curve,
         "mde_ratio": mde,
         "power_single": single,
         "mde_ratio_single": next((r for r in RATIOS if single[f"{r:g}"] >= target), None),
         "power_at_r0": curve[f"{r0:g}"] if f"{r0:g}" in curve else detect(r0, n)[0],
         "seeds_needed_r0": need,
-        "max_seeds": max_seeds,
-        "r0": r0,
     }
     return out
