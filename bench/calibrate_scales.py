@@ -118,12 +118,18 @@ def twin_table(folder: Path, scales: list[str] | None = None) -> list[tuple[str,
     twins: arms with no factor but their seeds), as the analysis computes one comparison."""
     rows = stats._prepare(pd.read_parquet(folder / "analysis" / "metrics.parquet"), [])[0]
     rows = rows[rows["role"] == "off_task"]
-    arms = sorted(rows["precision"].unique())
+    return pair_outcomes(rows, sorted(rows["precision"].unique()), scales, "twins")
+
+
+def pair_outcomes(
+    rows: pd.DataFrame, arms: list[str], scales: list[str] | None, key: str
+) -> list[tuple[str, str, str, str]]:
+    """(reference, arm, scale, verdict) of every ordered pair of ``arms``, one comparison each."""
     out = []
     for ref, arm in itertools.permutations(arms, 2):
         sub = rows[rows["precision"].isin([ref, arm])]
         for q in scales or SCALES:
-            out.append((ref, arm, q, outcome(sub, q, ref, arm, f"twins/{ref}/{arm}/{q}")))
+            out.append((ref, arm, q, outcome(sub, q, ref, arm, f"{key}/{ref}/{arm}/{q}")))
     return out
 
 
@@ -157,13 +163,8 @@ def twin_sets(pool: pd.DataFrame, n: int, scales: list[str] | None = None) -> li
     label = {u: name for name, us in sets.items() for u in us}
     rows = pool[pool["unit"].isin(label)].copy()
     rows["precision"], rows["seed"] = rows["unit"].map(label), rows["unit"]
-    out = []
-    for ref, arm in itertools.permutations(sets, 2):
-        sub = rows[rows["precision"].isin([ref, arm])].copy()
-        stats._drift_scales(sub)  # the dJ scale's divisor is each set's own mean KL
-        for q in scales or SCALES:
-            out.append((ref, arm, q, outcome(sub, q, ref, arm, f"sets/{ref}/{arm}/{q}")))
-    return out
+    stats._drift_scales(rows)  # the dJ scale's divisor is each set's own mean KL
+    return pair_outcomes(rows, list(sets), scales, "sets")
 
 
 def _print_twins(table: list[tuple[str, str, str, str]], scales: list[str] | None, what: str) -> None:
