@@ -89,12 +89,31 @@ QUANTITY_OF = {cols[0]: q for q, cols in sc.MODEL_QUANTITIES.items()}  # model c
 BOOTSTRAP: int | None = None  # --bootstrap: bootstrap tables and seed permutations per comparison
 
 
-def outcome(rows: pd.DataFrame, q: str, ref: str, arm: str, key: str) -> str:
+GUARDS = ("bound", "bootstrap", "permutation")  # the rule's three conditions for "larger" (--parts)
+
+
+def compare(rows: pd.DataFrame, q: str, ref: str, arm: str, key: str) -> tuple[str, dict[str, bool]]:
+    """(verdict, whether each of the rule's conditions holds alone): the one-sided (1 - alpha) profile
+    bound above 1, the bootstrap p and the seed-permutation p below alpha (``verdicts.verdict_variance``
+    says "larger" when all three do)."""
     cfg = {**stats.analysis_defaults(), **({"bootstrap": BOOTSTRAP} if BOOTSTRAP else {})}
     tasks = sorted(rows["task"].unique())
     block = sc.model_scope(rows, tasks, [ref, arm], q, cfg, key, None)
     comp = (block.get("comparisons") or {}).get(arm) or {"status": "failed", "reason": block.get("reason")}
-    return vd.verdict_variance(comp, {}, None, cfg, SCALES[q])[0]
+    verdict = vd.verdict_variance(comp, {}, None, cfg, SCALES[q])[0]
+    alpha, ok = float(cfg["alpha"]), comp.get("status") == "ok"
+    bound = comp.get("ratio_ci_equivalence") or [None]
+    perm = (comp.get("permutation") or {}).get("p")
+    parts = {
+        "bound": ok and bound[0] is not None and bound[0] > 1,
+        "bootstrap": ok and comp.get("p") is not None and comp["p"] < alpha,
+        "permutation": ok and perm is not None and perm < alpha,
+    }
+    return verdict, parts
+
+
+def outcome(rows: pd.DataFrame, q: str, ref: str, arm: str, key: str) -> str:
+    return compare(rows, q, ref, arm, key)[0]
 
 
 def split_rows(pool: pd.DataFrame, rng: np.random.Generator, n: int) -> pd.DataFrame:
@@ -136,29 +155,37 @@ def pair_outcomes(
 POOL: pd.DataFrame | None = None  # the pooled runs, shared with the worker processes (fork)
 
 
-def split_outcomes(job: tuple[int, int, int, float, tuple[str, ...], bool]) -> dict[str, list[str]]:
-    """Every outcome of split ``i``: null and each planted form (none with ``null_only``) on every scale
-    (its own generator, so a split's result does not depend on how the splits are shared among processes)."""
-    i, seed, n, ratio, scales, null_only = job
+def split_outcomes(job: tuple[int, int, int, float, tuple[str, ...], bool, bool]) -> dict[str, list[str]]:
+    """Every outcome of split ``i``: null and each planted form (none with ``null_only``) on every scale,
+    and with ``parts`` each condition of the rule alone ("supported" where it holds), under
+    "CASE [condition]" (its own generator, so a split's result does not depend on how the splits are
+    shared among processes)."""
+    i, seed, n, ratio, scales, null_only, parts = job
     assert POOL is not None
     rng = np.random.default_rng([seed, i])
     rows = split_rows(POOL, rng, n)
     got: dict[str, list[str]] = {}
+
+    def record(case: str, table: pd.DataFrame, q: str) -> None:
+        verdict, held = compare(table, q, "B", "A", f"{case}/{q}/{i}")
+        got.setdefault(f"{case} {q}", []).append(verdict)
+        for guard in GUARDS if parts else ():
+            got.setdefault(f"{case} [{guard}] {q}", []).append("supported" if held[guard] else "not")
+
     for q in scales:
-        got.setdefault(f"null {q}", []).append(outcome(rows, q, "B", "A", f"null/{q}/{i}"))
+        record("null", rows, q)
         for form in () if null_only else FORMS:
-            planted = plant(rows, sc.MODEL_QUANTITIES[q][0], ratio, form, rng)
-            got.setdefault(f"{ratio:g}x {form} {q}", []).append(
-                outcome(planted, q, "B", "A", f"{form}/{q}/{i}")
-            )
+            record(f"{ratio:g}x {form}", plant(rows, sc.MODEL_QUANTITIES[q][0], ratio, form, rng), q)
     return got
 
 
-def twin_sets(pool: pd.DataFrame, n: int, scales: list[str] | None = None) -> list[tuple[str, str, str, str]]:
+def twin_sets(
+    pool: pd.DataFrame, n: int, scales: list[str] | None = None, units: np.ndarray | None = None
+) -> list[tuple[str, str, str, str]]:
     """(reference, arm, scale, verdict) of every ordered pair of disjoint sets of ``n`` real runs (the
-    pooled runs in their order: seeds of one arm, then the next), as the analysis computes one
-    comparison: each pair is a real null twin at ``n`` seeds."""
-    units = np.unique(pool["unit"])
+    pooled runs in their order: seeds of one arm, then the next; or cut from ``units`` in its order), as
+    the analysis computes one comparison: each pair is a real null twin at ``n`` seeds."""
+    units = np.unique(pool["unit"]) if units is None else units
     sets = {f"set{j + 1}": units[j * n : (j + 1) * n] for j in range(len(units) // n)}
     label = {u: name for name, us in sets.items() for u in us}
     rows = pool[pool["unit"].isin(label)].copy()
@@ -167,12 +194,42 @@ def twin_sets(pool: pd.DataFrame, n: int, scales: list[str] | None = None) -> li
     return pair_outcomes(rows, list(sets), scales, "sets")
 
 
+def partition_counts(job: tuple[int, int, int, tuple[str, ...]]) -> dict[str, int]:
+    """Pairs called "larger" per scale among the twin sets of random partition ``i`` of the pooled runs:
+    what the real seed sets' count is under exchangeable runs (sets cut from a shuffled order)."""
+    i, seed, n, scales = job
+    assert POOL is not None
+    order = np.random.default_rng([seed, i, 1]).permutation(np.unique(POOL["unit"]))
+    table = twin_sets(POOL, n, list(scales), order)
+    return {q: sum(v == "supported" for _, _, s, v in table if s == q) for q in scales}
+
+
+def _print_partitions(observed: list[tuple[str, str, str, str]], counts: list[dict[str, int]]) -> None:
+    pairs = sum(1 for _, _, s, _ in observed if s == next(iter(counts[0])))
+    print(f"\n| scale | real seed sets: pairs called larger | {len(counts)} random partitions: mean "
+          "[5%, 50%, 95%] | share of partitions >= the real sets |\n|---|---|---|---|")  # fmt: skip
+    for q in counts[0]:
+        got = sum(v == "supported" for _, _, s, v in observed if s == q)
+        c = np.array([part[q] for part in counts])
+        lo, mid, hi = np.quantile(c, [0.05, 0.5, 0.95])
+        print(f"| {SCALES[q]} | {got}/{pairs} | {c.mean():.1f} = {c.mean() / pairs:.3f} of {pairs} "
+              f"[{lo:g}, {mid:g}, {hi:g}] | {(c >= got).mean():.2f} |")  # fmt: skip
+
+
 def _print_twins(table: list[tuple[str, str, str, str]], scales: list[str] | None, what: str) -> None:
     print(f"\n| scale | {what} called larger | pairs |\n|---|---|---|")
     for q in scales or SCALES:
         got_q = [v for _, _, s, v in table if s == q]
         hits = [f"{a} vs {r}" for r, a, s, v in table if s == q and v == "supported"]
         print(f"| {SCALES[q]} | {rate(got_q)} | {', '.join(hits) or '-'} |")
+
+
+def run_jobs(fn, jobs: list, processes: int, chunksize: int) -> list:
+    """``fn`` over ``jobs`` in order: in ``processes`` forked processes (they share POOL), or here."""
+    if processes <= 1:
+        return [fn(job) for job in jobs]
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as ex:
+        return list(ex.map(fn, jobs, chunksize=chunksize))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +256,18 @@ def main(argv: list[str] | None = None) -> int:
         help="bootstrap tables = seed permutations per comparison (default: the "
         "analysis default); p resolves to 1/(N+1)",
     )
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="also each condition of the rule alone (bound, bootstrap, permutation)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        help="with --twin-sets: also this many random partitions of the runs into sets (the count of "
+        "pairs called larger that exchangeable runs give)",
+    )
     parser.add_argument("--json", type=Path, help="write every outcome here too")
     args = parser.parse_args(argv)
     global BOOTSTRAP, POOL
@@ -207,12 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     scales = tuple(args.scales or SCALES)
     if args.arm:
         POOL = pooled_runs(args.arm)
-        jobs = [(i, args.seed, args.seeds, args.ratio, scales, args.null_only) for i in range(args.splits)]
-        if args.jobs > 1:
-            with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as ex:
-                parts = list(ex.map(split_outcomes, jobs, chunksize=4))
-        else:
-            parts = [split_outcomes(job) for job in jobs]
+        jobs = [
+            (i, args.seed, args.seeds, args.ratio, scales, args.null_only, args.parts)
+            for i in range(args.splits)
+        ]
+        parts = run_jobs(split_outcomes, jobs, args.jobs, chunksize=4)
         got: dict[str, list[str]] = {}
         for part in parts:
             for name, outcomes in part.items():
@@ -228,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             sets = twin_sets(POOL, args.seeds, args.scales)
             _print_twins(sets, args.scales, f"pairs of the {n_runs // args.seeds} sets of {args.seeds} runs")
             record["twin_sets"] = sets
+            if args.partitions:
+                part_jobs = [(i, args.seed, args.seeds, scales) for i in range(args.partitions)]
+                counts = run_jobs(partition_counts, part_jobs, args.jobs, chunksize=1)
+                _print_partitions(sets, counts)
+                record["partitions"] = counts
     if args.twins:
         table = twin_table(args.twins, args.scales)
         _print_twins(table, args.scales, "twin pairs")

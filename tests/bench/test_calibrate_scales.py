@@ -42,7 +42,7 @@ def test_the_script_prints_every_scale_and_form_and_finds_a_large_planted_effect
     rng = np.random.default_rng(1)
     write_metrics(tmp_path / "a", "fp32", range(1, 17), rng)
     out_json = tmp_path / "out.json"
-    args = ["--arm", f"{tmp_path / 'a'}:fp32", "--seeds", "8", "--splits", "4", "--ratio", "64",
+    args = ["--arm", f"{tmp_path / 'a'}:fp32", "--seeds", "8", "--splits", "4", "--ratio", "64", "--parts",
             "--json", str(out_json)]  # fmt: skip
     assert cal.main(args) == 0
     text = capsys.readouterr().out
@@ -56,6 +56,16 @@ def test_the_script_prints_every_scale_and_form_and_finds_a_large_planted_effect
     assert got["64x whole dJ"].count("supported") >= 3  # 64x on 8 vs 8 seeds is found
     assert len(got["null log_kl"]) == 4
     assert set(got["null dJ"]) <= {"supported", "inconclusive", "contradicted"}
+    for case in [f"64x {form}" for form in cal.FORMS] + ["null"]:  # --parts: each condition of the rule alone
+        for q in cal.SCALES:
+            alone = [got[f"{case} [{guard}] {q}"] for guard in cal.GUARDS]
+            assert all(set(g) <= {"supported", "not"} and len(g) == 4 for g in alone)
+            # "larger" exactly where all three conditions hold (the rule is their conjunction)
+            assert [v == "supported" for v in got[f"{case} {q}"]] == [
+                all(g[k] == "supported" for g in alone) for k in range(4)
+            ], (case, q)
+    assert got["64x whole [bound] dJ"].count("supported") >= 3
+    assert f"| 64x whole [permutation] | {cal.SCALES['dJ']} |" in text
 
 
 @pytest.mark.slow
@@ -85,3 +95,30 @@ def test_twin_sets_cut_the_pooled_runs_into_disjoint_sets_and_compare_every_orde
         (r, a, q) for r, a in (("set1", "set2"), ("set2", "set1")) for q in ("dJ", "kl")
     ]
     assert {v for *_, v in table} <= {"supported", "inconclusive", "contradicted"}
+
+
+@pytest.mark.slow
+def test_random_partitions_count_larger_pairs_among_sets_cut_from_a_shuffled_order(cal, tmp_path, capsys):
+    from null_splits import pooled_runs
+
+    rng = np.random.default_rng(4)
+    write_metrics(tmp_path / "big", "fp32", range(1, 7), rng, spread=0.1)  # units 1-6: 100x the variance
+    write_metrics(tmp_path / "small", "fp32_twin", range(1, 7), rng)  # units 7-12
+    arms = [f"{tmp_path / 'big'}:fp32", f"{tmp_path / 'small'}:fp32_twin"]
+    pool = pooled_runs(arms)
+    verdicts = lambda table: [(r, a, v == "supported") for r, a, _, v in table]  # noqa: E731
+    in_order = cal.twin_sets(pool, 6, ["dJ"])  # set1 = the big runs: larger as the arm
+    assert verdicts(in_order) == [("set1", "set2", False), ("set2", "set1", True)]
+    shuffled = cal.twin_sets(pool, 6, ["dJ"], np.unique(pool["unit"])[::-1])  # set1 = the small runs
+    assert verdicts(shuffled) == [("set1", "set2", True), ("set2", "set1", False)]
+    args = [*(x for arm in arms for x in ("--arm", arm)), "--seeds", "6", "--splits", "1", "--null-only",
+            "--scales", "dJ", "--twin-sets", "--partitions", "3",
+            "--json", str(tmp_path / "p.json")]  # fmt: skip
+    assert cal.main(args) == 0
+    text = capsys.readouterr().out
+    assert "| 3 random partitions: mean [5%, 50%, 95%] |" in text
+    assert "| off-task dJ | 1/2 |" in text  # the real sets: one of the two ordered pairs larger
+    import json
+
+    counts = json.loads((tmp_path / "p.json").read_text())["partitions"]
+    assert len(counts) == 3 and all(0 <= c["dJ"] <= 2 for c in counts)  # 2 ordered pairs a partition
