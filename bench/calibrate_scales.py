@@ -95,19 +95,19 @@ GUARDS = ("bound", "bootstrap", "permutation")  # the rule's three conditions fo
 def compare(rows: pd.DataFrame, q: str, ref: str, arm: str, key: str) -> tuple[str, dict[str, bool]]:
     """(verdict, whether each of the rule's conditions holds alone): the one-sided (1 - alpha) profile
     bound above 1, the bootstrap p and the seed-permutation p below alpha (``verdicts.verdict_variance``
-    says "larger" when all three do)."""
+    says "larger" when all three do; a comparison without a permutation passes it, as in the rule)."""
     cfg = {**stats.analysis_defaults(), **({"bootstrap": BOOTSTRAP} if BOOTSTRAP else {})}
     tasks = sorted(rows["task"].unique())
     block = sc.model_scope(rows, tasks, [ref, arm], q, cfg, key, None)
     comp = (block.get("comparisons") or {}).get(arm) or {"status": "failed", "reason": block.get("reason")}
     verdict = vd.verdict_variance(comp, {}, None, cfg, SCALES[q])[0]
-    alpha, ok = float(cfg["alpha"]), comp.get("status") == "ok"
-    bound = comp.get("ratio_ci_equivalence") or [None]
-    perm = (comp.get("permutation") or {}).get("p")
+    alpha = float(cfg["alpha"])
+    _, one_sided, p, _ = vd._bounds(comp, {})  # what verdict_variance reads, from the same helpers
+    robust = vd.robust_check(comp)
     parts = {
-        "bound": ok and bound[0] is not None and bound[0] > 1,
-        "bootstrap": ok and comp.get("p") is not None and comp["p"] < alpha,
-        "permutation": ok and perm is not None and perm < alpha,
+        "bound": one_sided is not None and one_sided[0] is not None and one_sided[0] > 1,
+        "bootstrap": p is not None and p < alpha,
+        "permutation": robust is None or robust < alpha,
     }
     return verdict, parts
 
