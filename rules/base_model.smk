@@ -1,16 +1,33 @@
 # base_model: the base model every arm starts from, saved in model.dtype (workflow_scripts/base_model.py).
 # It reads the warm-start pool and the on-task eval set (its greedy accuracy is recorded); params = the
-# model section + the on-task entry only, so adding an off-task task never rebuilds it.
+# model section + the data keys the warm start depends on (base_model.recipe: the on-task and real tasks,
+# never a synthetic off-task one), so adding a synthetic off-task task never rebuilds it. With
+# model.shipped it loads the shipped base (data/base) after checking its sha256s and recipe: those files
+# are inputs, so a rebuilt base (`make base`) reruns it.
+SHIPPED_BASE = config["model"].get("shipped")
+
+
+def base_model_inputs(wildcards):
+    inputs = {"sft": rules.prepare_train.output.sft, "on_task": str(paths.eval_data(ON_TASK))}
+    if HUB_MODEL:  # the hub model's copy (rules/fetch.smk): the job itself is offline
+        inputs["hub_model"] = str(hub_copies.model_copy(HUB_MODEL))
+    if SHIPPED_BASE:
+        folder = shipped_base.shipped_dir(SHIPPED_BASE, workflow.basedir)
+        inputs["shipped"] = [str(folder / shipped_base.MANIFEST)] + [
+            str(folder / name) for name in shipped_base.shipped_files(folder)
+        ]
+    return inputs
+
+
 rule base_model:
     input:
-        sft=rules.prepare_train.output.sft,
-        on_task=str(paths.eval_data(ON_TASK)),
+        unpack(base_model_inputs),
     output:
         model=directory(str(paths.base_model_dir())),
         record=str(paths.base_record()),
     params:
         model=config["model"],
-        data={"tasks": {ON_TASK: config["data"]["tasks"][ON_TASK]}},
+        data=shipped_base.recipe(config["model"], config["data"])["data"],
         code=code("base_model"),
     log:
         "logs/base_model/base_model.log",

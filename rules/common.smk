@@ -7,7 +7,8 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from workflow_scripts.runtime import eval_matmul, memory_plan, paths
+from workflow_scripts.runtime import eval_matmul, memory_plan, paths, shipped_base
+from workflow_scripts.runtime import hub_copies
 from workflow_scripts.runtime.codehash import code_version
 from workflow_scripts.runtime.config import ConfigError, workflow_config
 from workflow_scripts.runtime.config_files import snakemake_sources
@@ -35,6 +36,11 @@ if _plan := memory_plan.table(config):
 # OMP_NUM_THREADS & co to the rule's threads). The OpenMP wait policy is left to each job
 # (workflow_scripts/runtime/threads.py): passive, unless the job's threads cover every CPU it may use.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No job reaches the Hugging Face hub (compute nodes often have no network): the local fetch rules
+# (rules/fetch.smk) copy what the config reads from it first, under the HF_HUB_OFFLINE the run started with
+# (kept in hub_copies.OFFLINE_ENV); a SLURM job inherits both and re-reads this file.
+os.environ.setdefault(hub_copies.OFFLINE_ENV, os.environ.get("HF_HUB_OFFLINE", ""))
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 RESULTS = paths.RESULTS
 TASKS = list(config["data"]["tasks"])
@@ -84,6 +90,14 @@ REAL_TASKS = [t for t, spec in config["data"]["tasks"].items() if spec["source"]
 CURRICULUM = data_phases(config["train"])  # train.curriculum's prompt sets (training/curriculum.py)
 CURRICULUM_FILES = {f"phase{k}": str(paths.curriculum_data(k)) for k in range(len(CURRICULUM))}
 ON_TASK = next(t for t, spec in config["data"]["tasks"].items() if spec["role"] == "on_task")
+HUB_DATASETS = hub_copies.hub_datasets(config["data"], CURRICULUM)  # fetched by rules/fetch.smk
+HUB_MODEL = hub_copies.hub_model(config["model"])  # a hub id, fetched by rules/fetch.smk; else None
+
+
+def hub_inputs(entries):
+    """The hub copies the data entries (tasks, data.train, phases) read: a prepare job's `hub` input."""
+    return [str(hub_copies.dataset_copy(e["source"])) for e in entries
+            if e.get("source") in HUB_DATASETS and not e.get("path")]  # fmt: skip
 
 
 def prepare_eval_data(wildcards):
@@ -106,7 +120,7 @@ def prepare_train_data():
 
 def train_outputs(name):
     """``name`` (run.json, metrics.jsonl) of every trained run: each (precision, seed), then the repeats."""
-    dirs = [paths.train_dir(p, s) for p in PRECISIONS for s in SEEDS]
+    dirs = [paths.train_dir(p, s) for p in PRECISIONS for s in paths.arm_seeds(config, p)]
     dirs += [paths.train_dir(p, s, repeat=k) for p, s, k in REPEATS]
     return [str(d / name) for d in dirs]
 
@@ -116,7 +130,7 @@ def all_targets():
     targets += train_outputs("run.json")
     targets += [str(paths.eval_summary(r, t)) for r in RUNS for t in TASKS]
     targets += [str(paths.kl_summary(r, t)) for r in RUNS for t in TASKS]
-    targets += [str(paths.sparsity_table(p, s)) for p in PRECISIONS for s in SEEDS]
+    targets += [str(paths.sparsity_table(p, s)) for p in PRECISIONS for s in paths.arm_seeds(config, p)]
     targets += [str(paths.overlap_table(p)) for p in PRECISIONS]
     targets += [str(paths.analysis_dir() / "stats.json"), str(paths.analysis_dir() / "report.md")]
     return targets

@@ -6,6 +6,8 @@
 # rerun training: contamination is a real dependency. prepare_train also writes train.curriculum's
 # phase prompt sets (data/curriculum/phase{k}.jsonl), de-duplicated the same way.
 rule prepare_eval:
+    input:
+        hub=lambda wildcards: hub_inputs([config["data"]["tasks"][wildcards.task]]),
     output:
         eval=str(paths.eval_data("{task}")),
     params:
@@ -27,6 +29,8 @@ rule prepare_eval:
 rule prepare_train:
     input:
         real_evals=[str(paths.eval_data(task)) for task in REAL_TASKS],
+        # data.train's and the phases' copies, and the real tasks' (on_bad_row: skip re-reads them)
+        hub=hub_inputs([config["data"]["train"], *CURRICULUM, *config["data"]["tasks"].values()]),
     output:
         train=str(paths.data_dir() / "train.jsonl"),
         sft=str(paths.data_dir() / "sft.jsonl"),

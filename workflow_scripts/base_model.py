@@ -30,6 +30,14 @@ probes, checked only once the on-task target holds): when the on-task target com
 families RL should move by transfer have learnt less, and a family on the floor cannot show a change.
 base.json records greedy accuracy, pass@1 and pass@8 at T 1 on the on-task set (the headroom); every
 task's pass@1 at evaluation settings is in eval/base/{task}.json, one owner for those numbers.
+
+Why a shipped base (``model.shipped``). The stopping rule gives every CPU the same headroom, not the
+same model: a warm start of ~800 steps on one CPU kind ends in other weights than on another (a Xeon
+built a base with word pass@1 0.384 where an EPYC's had 0.288), and every conclusion of a run is
+conditional on its base. The default therefore starts from a base built once and shipped (data/base:
+safetensors, tokenizer, config and manifest.json with each file's sha256 and the recipe, the model and
+data keys it was built from). The stage checks the files and that the config's recipe is the shipped
+one (runtime/shipped_base.py), then loads it; ``make base`` rebuilds it (``--ship``).
 """
 
 from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage collection during imports
@@ -37,11 +45,13 @@ from workflow_scripts.runtime import startup  # noqa: F401  first: no garbage co
 # isort: split
 
 import argparse
+import json
 import logging
 import math
 import platform
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -55,9 +65,11 @@ from workflow_scripts.models.modeling import (
     load_tokenizer,
 )
 from workflow_scripts.runtime import paths
-from workflow_scripts.runtime.atomic import atomic_dir, write_json
+from workflow_scripts.runtime.atomic import atomic_dir, inputs_key, write_json
 from workflow_scripts.runtime.config import load_config, section_hash
 from workflow_scripts.runtime.numerics import numerics_provenance
+from workflow_scripts.runtime.seeds import derive_seed
+from workflow_scripts.runtime.shipped_base import check_shipped, recipe, ship, shipped_dir
 from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.runtime.threads import log_startup, process_age_s
 from workflow_scripts.tasks.rows import Row, read_rows
@@ -70,6 +82,8 @@ NEAR_MISS_KINDS = ("no_stop", "off_by_one")
 # A floor's probe is held out of the warm start: at most 1/4 of its family's distinct problems (mul has ~200
 # train-side problems in all; a probe of 200 would leave the warm start none).
 MIN_FLOOR_POOL_FACTOR = 4
+# Prompts a loaded model's headroom scores between two saves (``headroom``'s resume): MATH-500 in 8 chunks.
+HEADROOM_CHUNK = 64
 
 
 def near_misses(answer: str, kinds: tuple[str, ...] | list[str]) -> list[str]:
@@ -261,16 +275,49 @@ def correct_matrix(
     return [[v.correct for v in verdicts[i * n : (i + 1) * n]] for i in range(len(rows))]
 
 
-def headroom(model, tokenizer, rows: list[Row], task: dict, k: int = 8) -> dict:
-    """Greedy accuracy, pass@1 and pass@k at T 1 (the training temperature) on ``rows``."""
-    greedy = correct_matrix(model, tokenizer, rows, task, 1, 0.0)
-    sampled = correct_matrix(model, tokenizer, rows, task, k, 1.0, seed=1)
-    return {
+def headroom(model, tokenizer, rows: list[Row], task: dict, k: int = 8, resume: Path | None = None) -> dict:
+    """Greedy accuracy, pass@1 and pass@k at T 1 (the training temperature) on ``rows``.
+
+    With ``resume`` (a folder; a loaded model, whose sampling at 7B and 3072 tokens takes hours) the
+    prompts go in chunks of HEADROOM_CHUNK, each chunk's verdicts saved there as it ends (sampled chunk
+    i seeded ``derive_seed(1, "headroom", i)``, so a resumed run draws what an unbroken one does), and a
+    retry after a kill scores only the chunks not saved."""
+    if resume is None:
+        greedy = correct_matrix(model, tokenizer, rows, task, 1, 0.0)
+        sampled = correct_matrix(model, tokenizer, rows, task, k, 1.0, seed=1)
+        restored = None
+    else:
+        greedy, sampled, restored = [], [], 0
+        for i, start in enumerate(range(0, len(rows), HEADROOM_CHUNK)):
+            chunk = rows[start : start + HEADROOM_CHUNK]
+            for part, n, temperature, out in (("greedy", 1, 0.0, greedy), ("sampled", k, 1.0, sampled)):
+                saved = resume / f"{part}-{i:05d}.json"
+                if saved.is_file():
+                    out += json.loads(saved.read_text())
+                    restored += 1
+                    continue
+                seed = derive_seed(1, "headroom", i) if n > 1 else 0
+                verdicts = correct_matrix(model, tokenizer, chunk, task, n, temperature, seed=seed)
+                write_json(saved, verdicts)
+                out += verdicts
+                log.info("headroom %s chunk %d: %d prompts scored (%s)", part, i, len(chunk), saved)
+    room = {
         "greedy_accuracy": sum(c[0] for c in greedy) / len(rows),
         "pass1_T1": sum(sum(c) / k for c in sampled) / len(rows),
         f"pass{k}_T1": sum(any(c) for c in sampled) / len(rows),
         "n": len(rows),
     }
+    if restored is not None:
+        room["chunks_restored"] = restored  # chunk parts an earlier, killed attempt had scored
+    return room
+
+
+def headroom_resume_dir(record: Path, model: dict, task: dict, files: list[str | Path | None]) -> Path:
+    """Where a loaded model's headroom chunks wait for a retry: beside the workflow's other resume
+    folders (results/resume/), keyed by the model and task settings and the model's and task's files
+    (``inputs_key``), so a changed input never reuses another input's chunks."""
+    key = inputs_key([model, task, HEADROOM_CHUNK], files)
+    return Path(record).parent.parent / "resume" / "base_model" / key
 
 
 def on_task_eval(config: dict, data_dir: Path) -> tuple[str, list[Row]]:
@@ -279,17 +326,31 @@ def on_task_eval(config: dict, data_dir: Path) -> tuple[str, list[Row]]:
 
 
 def run(
-    model: dict, data: dict, data_dir: str | Path, out_dir: str | Path, record: str | Path, threads: int = 2
-) -> dict:
-    """The stage: the base model of config ``model:`` into ``out_dir``, its provenance into ``record``.
+    model: dict, data: dict, data_dir: str | Path, out_dir: str | Path, record: str | Path, threads: int = 2,
+    load_from: str | None = None,
+) -> dict:  # fmt: skip
+    """The stage: the base model of config ``model:`` into ``out_dir``, its provenance into ``record``
+    (a hub ``model.source`` read from ``load_from``, its copy, when given).
 
-    Of ``data`` only the on-task entry matters (its greedy accuracy is recorded), in the workflow and
-    the CLI alike, so the record's config_hash does not change when an off-task task is added.
+    Of ``data`` the on-task entry is scored (its greedy accuracy is recorded), in the workflow and
+    the CLI alike, so the record's config_hash does not change when an off-task task is added; with
+    ``model.shipped`` the rest of it is the recipe the shipped base is checked against.
     """
     log_startup(process_age_s())  # the tiny model is built, not loaded: its time is the stage's work
     on_task = next(n for n, t in data["tasks"].items() if t["role"] == "on_task")
     config = {"model": model, "data": {"tasks": {on_task: data["tasks"][on_task]}}}
-    return build_base(config, Path(data_dir), Path(out_dir), Path(record), threads=threads)
+    shipped = None
+    if model.get("shipped"):
+        folder = shipped_dir(model["shipped"])
+        shipped = {
+            "path": str(model["shipped"]),
+            "folder": folder,
+            "manifest": check_shipped(folder, recipe(model, data)),
+        }
+        if unchecked := shipped["manifest"]["unchecked_keys"]:
+            log.warning("model.shipped: config keys newer than the shipped base's recipe: %s", unchecked)
+    return build_base(config, Path(data_dir), Path(out_dir), Path(record), threads=threads, shipped=shipped,
+                      load_from=load_from)  # fmt: skip
 
 
 def from_snakemake(smk) -> None:
@@ -300,10 +361,15 @@ def from_snakemake(smk) -> None:
         smk.output.model,
         smk.output.record,
         threads=smk.threads,
+        load_from=smk.input.get("hub_model"),  # rules/fetch.smk's copy of a hub model.source
     )
 
 
-def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, threads: int = 2) -> dict:
+def build_base(
+    config: dict, data_dir: Path, out_dir: Path, record: Path, threads: int = 2, shipped: dict | None = None,
+    load_from: str | None = None,
+) -> dict:  # fmt: skip
+    """The base model into ``out_dir`` and its record; ``load_from``: where a hub id's copy is."""
     model_cfg = config["model"]
     tiny = model_cfg["tiny"]
     torch.set_num_threads(threads)
@@ -313,7 +379,12 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
     device = "cuda" if torch.cuda.is_available() else "cpu"
     task, rows = on_task_eval(config, data_dir)
     task_cfg = config["data"]["tasks"][task]
-    if model_cfg["source"] == "tiny":
+    resume = None  # a loaded model's headroom chunks (headroom); built and shipped bases score at once
+    built = model_cfg["source"] == "tiny" and shipped is None
+    if shipped is not None:  # checked (check_shipped): the same bits on every machine
+        tokenizer = load_tokenizer(shipped["folder"])
+        model = load_model(shipped["folder"], model_cfg["dtype"])
+    elif built:
         pool = read_rows(data_dir / "sft.jsonl")
         # prompts and answers apart, as sft_batches tokenizes them: no merge spans the two
         texts = (t for r in pool for t in (r["prompt"], r["answer"]))
@@ -336,11 +407,14 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
                     )
                 floor_probes[other], pool = stop_probe(pool, other, tiny["stop"]["probe_n"])
         losses, trace = warm_start(model, tokenizer, pool, tiny, probe, task_cfg, floor_probes)
-    else:
-        tokenizer = load_tokenizer(model_cfg["source"], model_cfg["trust_remote_code"])
-        model = load_model(model_cfg["source"], model_cfg["dtype"], model_cfg["trust_remote_code"])
+    else:  # a local folder, or a hub id's copy (load_from: rules/fetch.smk; the job is offline)
+        source = load_from or model_cfg["source"]
+        tokenizer = load_tokenizer(source, model_cfg["trust_remote_code"])
+        model = load_model(source, model_cfg["dtype"], model_cfg["trust_remote_code"])
+        files = [source if Path(source).exists() else None, data_dir / "eval" / f"{task}.jsonl"]
+        resume = headroom_resume_dir(record, model_cfg, task_cfg, files)
     model = model.to(device=device, dtype=getattr(torch, model_cfg["dtype"]))
-    room = headroom(model, tokenizer, rows, task_cfg)
+    room = headroom(model, tokenizer, rows, task_cfg, resume=resume)
     log.info("on-task (%s) headroom on %d prompts: %s", task, len(rows), room)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -352,6 +426,16 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         "device": device,
         "on_task": {"task": task, **room, "max_new_tokens": task_cfg["max_new_tokens"]},
         "near_miss": tiny.get("near_miss") if model_cfg["source"] == "tiny" else None,
+        # the shipped base it loaded (model.shipped; its manifest's sha256s and recipe), null when built here
+        "shipped": None
+        if shipped is None
+        else {
+            "path": shipped["path"],
+            "recipe_hash": shipped["manifest"]["recipe_hash"],
+            "files": shipped["manifest"]["files"],
+            "built": shipped["manifest"]["built"],
+            "unchecked_keys": shipped["manifest"]["unchecked_keys"],
+        },
         # char or bpe (model.tiny.tokenizer.kind, the schema fills it) for a built model
         "tokenizer": {
             "kind": tiny["tokenizer"]["kind"] if model_cfg["source"] == "tiny" else "loaded",
@@ -370,7 +454,11 @@ def build_base(config: dict, data_dir: Path, out_dir: Path, record: Path, thread
         "numerics": numerics_provenance(),
         "wall_time_s": round(time.time() - start, 2),
     }
+    if shipped is not None:  # the warm start ran where the base was built: its record, not an empty one
+        provenance["sft"] = shipped["manifest"]["built"]["sft"]
     write_json(record, provenance)
+    if resume is not None:  # done: a later run with the same inputs scores afresh
+        shutil.rmtree(resume, ignore_errors=True)
     return provenance
 
 
@@ -381,9 +469,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(paths.base_model_dir()))
     parser.add_argument("--record", default=str(paths.base_record()))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--ship",
+        metavar="DEST",
+        help="do not build: copy the base already built in --out (its record --record) to DEST with a "
+        "manifest (sha256s, the recipe of --config with model.shipped ignored): `make base`",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = load_config(args.config)
+    if args.ship:
+        built = json.loads(Path(args.record).read_text())
+        if built.get("shipped") or built.get("source") != "tiny":
+            raise SystemExit(f"{args.record}: not a base built from model.source tiny here; nothing to ship")
+        manifest = ship(
+            Path(args.out), Path(args.record), Path(args.ship), recipe(config["model"], config["data"])
+        )
+        log.info(
+            "shipped %d files to %s (recipe %s)", len(manifest["files"]), args.ship, manifest["recipe_hash"]
+        )
+        return 0
     run(config["model"], config["data"], args.data, args.out, args.record, args.threads)
     return 0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_json
 from workflow_scripts.runtime.config import load_config, section_hash
+from workflow_scripts.runtime.hub_copies import copies_by_source, local_path
 from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.tasks import synthetic
 from workflow_scripts.tasks.real_datasets import load_dataset_rows
@@ -40,8 +41,10 @@ def real_tasks(data_cfg: dict) -> list[str]:
     return [name for name, task in data_cfg["tasks"].items() if task["source"] not in SYNTHETIC_SOURCES]
 
 
-def build_eval_set(data_cfg: dict, name: str, skipped: dict[str, list[str]] | None = None) -> list[Row]:
-    """One evaluation task's rows (bad records skipped -> ``skipped[name]``)."""
+def build_eval_set(data_cfg: dict, name: str, skipped: dict[str, list[str]] | None = None,
+                   copies: dict[str, str] | None = None) -> list[Row]:  # fmt: skip
+    """One evaluation task's rows (bad records skipped -> ``skipped[name]``); ``copies``: {dataset: its hub
+    copy} (runtime/hub_copies.py), read where the task has no ``path`` (the job is offline)."""
     train, task = data_cfg.get("train"), data_cfg["tasks"][name]
     skipped = {} if skipped is None else skipped
     source = task["source"]
@@ -51,8 +54,9 @@ def build_eval_set(data_cfg: dict, name: str, skipped: dict[str, list[str]] | No
         rows = synthetic.generate(task["family"], task.get("n", 200), data_cfg["seed"], name)
     else:
         rows = load_dataset_rows(
-            source, name, task.get("path"), task.get("n"), _on_bad_row(data_cfg), skipped.setdefault(name, [])
-        )
+            source, name, local_path(task, copies), task.get("n"), _on_bad_row(data_cfg),
+            skipped.setdefault(name, []),
+        )  # fmt: skip
     for row in rows:
         row["kind"] = task["kind"]
     if not rows:
@@ -65,7 +69,8 @@ def build_eval_sets(data_cfg: dict, skipped: dict[str, list[str]] | None = None)
     return {name: build_eval_set(data_cfg, name, skipped) for name in data_cfg["tasks"]}
 
 
-def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None) -> tuple[list[Row], dict]:
+def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None,
+                    copies: dict[str, str] | None = None) -> tuple[list[Row], dict]:  # fmt: skip
     """The training rows and how a real source's copy was reduced to them ({records, repeats_dropped,
     conflicting_answers, distinct}; null counts for a synthetic set, whose prompts are distinct by
     construction).
@@ -81,7 +86,7 @@ def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None)
         rows = synthetic.generate(train["family"], train["n"], data_cfg["seed"], "train", side="train")
     else:
         loaded = load_dataset_rows(
-            train["source"], "train", train.get("path"), None, _on_bad_row(data_cfg),
+            train["source"], "train", local_path(train, copies), None, _on_bad_row(data_cfg),
             skipped.setdefault("train", []),
         )  # fmt: skip
         rows, stats = distinct_prompts(loaded)
@@ -92,7 +97,8 @@ def build_train_set(data_cfg: dict, skipped: dict[str, list[str]] | None = None)
 
 
 def build_phase_set(data_cfg: dict, phase: dict, index: int, train_rows: list[Row],
-                    skipped: dict[str, list[str]]) -> list[Row]:  # fmt: skip
+                    skipped: dict[str, list[str]],
+                    copies: dict[str, str] | None = None) -> list[Row]:  # fmt: skip
     """Curriculum phase ``index``'s prompts (``training.curriculum``): a synthetic family's train-side
     problems (held out from every eval set by construction), data.train's own rows (source ``train``),
     or a real source de-duplicated by prompt as data.train is; every row gets data.train's verifier kind."""
@@ -102,8 +108,8 @@ def build_phase_set(data_cfg: dict, phase: dict, index: int, train_rows: list[Ro
     elif phase["source"] == "synthetic":
         rows = synthetic.generate(phase["family"], phase["n"], data_cfg["seed"], name, side="train")
     else:
-        loaded = load_dataset_rows(phase["source"], name, phase.get("path"), None, _on_bad_row(data_cfg),
-                                   skipped.setdefault(name, []))  # fmt: skip
+        loaded = load_dataset_rows(phase["source"], name, local_path(phase, copies), None,
+                                   _on_bad_row(data_cfg), skipped.setdefault(name, []))  # fmt: skip
         rows = distinct_prompts(loaded)[0][: phase["n"]]
     for row in rows:
         row["kind"] = data_cfg["train"]["kind"]
@@ -143,18 +149,19 @@ def deduplicate(train: list[Row], eval_sets: dict[str, list[Row]]) -> tuple[list
 
 
 def run(data: dict, out: str | Path, tasks: list[str] | None = None, train: bool = True,
-        curriculum: list[dict] | None = None) -> dict:  # fmt: skip
+        curriculum: list[dict] | None = None, copies: dict[str, str] | None = None) -> dict:  # fmt: skip
     """The stage: eval sets of ``tasks`` (None = every task) and, if ``train``, train/sft/prepare.json.
 
     The workflow runs it per task (``prepare_eval``: one task, ``train=False``) and once for the
     training side (``prepare_train``: ``tasks=[]``; the real eval sets it deduplicates against are
     read from ``out/eval/``, its inputs). The CLI runs everything. ``curriculum``: the phases'
-    data specs (``curriculum.data_phases``), prepared with the training side.
+    data specs (``curriculum.data_phases``), prepared with the training side. ``copies``: the hub
+    datasets' local copies, {name: file} (rules/fetch.smk), read instead of the hub.
     """
     out = Path(out)
     skipped: dict[str, list[str]] = {}
     names = list(data["tasks"]) if tasks is None else tasks
-    built = {name: build_eval_set(data, name, skipped) for name in names}
+    built = {name: build_eval_set(data, name, skipped, copies) for name in names}
     for name, rows in built.items():
         write_rows(out / "eval" / f"{name}.jsonl", rows)
         log.info("eval set %s: %d rows", name, len(rows))
@@ -168,19 +175,20 @@ def run(data: dict, out: str | Path, tasks: list[str] | None = None, train: bool
             continue
         real[name] = read_rows(out / "eval" / f"{name}.jsonl")
         if _on_bad_row(data) == "skip":  # its prepare_eval job skipped them: count them in prepare.json
-            build_eval_set(data, name, skipped)
+            build_eval_set(data, name, skipped, copies)
     return prepare_train(data, out, real, {name: len(rows) for name, rows in built.items()}, skipped,
-                         curriculum or [])  # fmt: skip
+                         curriculum or [], copies)  # fmt: skip
 
 
 def from_snakemake(smk) -> None:
     """prepare_eval: one task's eval set; prepare_train: the training side (rules/prepare_data.smk)."""
+    copies = copies_by_source(smk.input.hub)  # hub datasets, fetched by the local rule fetch_dataset
     if smk.rule == "prepare_eval":
         out = Path(smk.output.eval).parent.parent
-        run(dict(smk.params.data), out, tasks=[smk.wildcards.task], train=False)
+        run(dict(smk.params.data), out, tasks=[smk.wildcards.task], train=False, copies=copies)
     else:
         run(dict(smk.params.data), Path(smk.output.train).parent, tasks=[],
-            curriculum=list(smk.params.curriculum))  # fmt: skip
+            curriculum=list(smk.params.curriculum), copies=copies)  # fmt: skip
 
 
 def _on_bad_row(data_cfg: dict) -> str:
@@ -200,10 +208,11 @@ def prepare_train(
     eval_counts: dict[str, int],
     skipped: dict[str, list[str]],
     curriculum: list[dict] = (),
+    copies: dict[str, str] | None = None,
 ) -> dict:
     """train.jsonl (deduplicated against the REAL eval sets), the curriculum's phases (the same),
     sft.jsonl and prepare.json."""
-    train, within = build_train_set(data_cfg, skipped)
+    train, within = build_train_set(data_cfg, skipped, copies)
     n_before = len(train)
     dropped = dict.fromkeys(real_eval_sets, 0)
     if data_cfg["dedup"]:
@@ -217,7 +226,7 @@ def prepare_train(
     write_rows(out / "train.jsonl", train)
     phase_rows = []
     for index, phase in enumerate(curriculum):
-        rows = build_phase_set(data_cfg, phase, index, train, skipped)
+        rows = build_phase_set(data_cfg, phase, index, train, skipped, copies)
         if data_cfg["dedup"]:
             rows = deduplicate(rows, real_eval_sets)[0]
         if not rows:

@@ -61,7 +61,10 @@ from workflow_scripts.tasks.rows import read_parquet
 __all__ = ["analysis_defaults", "analyze", "json_safe", "run", "sampling_noise_var"]
 # 3: whole seed variance (shared + seed x task), noise_share, controls; 4: kl_estimator, KL blocks "kl";
 # 5: arms, decomposition, matched-drift scales (mixed_model off_task log_kl, dJ_drift), findings, Holm
-SCHEMA_VERSION = 5
+# 6: one primary family (``primary``; Holm over larger and smaller, H2 and H3), the null yardstick
+#    (mixed_model comparisons' ``yardstick``), inert_tasks, base noise in the decomposition, divisor scales
+#    only with analysis.exploratory_scales
+SCHEMA_VERSION = 6
 ROLES = ("on_task", "off_task")
 REQUIRED_COLUMNS = ("run", "precision", "seed", "task", "role", "dJ")
 
@@ -159,16 +162,22 @@ def _prepare(
 
 
 def _drift_scales(rows: pd.DataFrame) -> None:
-    """The matched-drift columns (``scopes.DRIFT_SCALES``): log KL with its eval noise by the delta method,
-    and dJ / sqrt(the arm's mean KL on that task) (one divisor per arm and task, not per run: a run's own
-    small KL would turn its dJ into an outlier); NaN where KL is missing or not positive (that scale is
-    then not compared). Recompute after relabelling arms (the divisor is the arm's)."""
+    """The divisor columns (``scopes.DRIFT_SCALES``; exploratory, in no verdict: docs/design.md, "One
+    primary analysis"): log KL with its eval noise by the delta method, and dJ divided by
+    sqrt(the arm's mean KL on the task / the mean over the arms of that task's mean KL) (one divisor per
+    arm and task, not per run: a run's own small KL would turn its dJ into an outlier; normalised by the
+    task's pooled KL so the tasks keep the weights they have on the absolute dJ scale); NaN where KL is
+    missing or not positive (that scale is then not compared). Recompute after relabelling arms (the
+    divisor is the arm's)."""
     kl = rows["kl"].where(rows["kl"] > 0)
     rows["log_kl"] = np.log(kl)
     rows["log_kl_var"] = rows["kl_var"] / kl**2
     drift = kl.groupby([rows["precision"], rows["task"]]).transform("mean")
-    rows["dJ_drift"] = rows["dJ"] / np.sqrt(drift)
-    rows["dJ_drift_var"] = rows["noise"] / drift
+    arm_means = kl.groupby([rows["precision"], rows["task"]]).mean()
+    pooled = rows["task"].map(arm_means.groupby(level="task").mean())
+    rel = drift / pooled
+    rows["dJ_drift"] = rows["dJ"] / np.sqrt(rel)
+    rows["dJ_drift_var"] = rows["noise"] / rel
 
 
 def analyze(
@@ -225,15 +234,24 @@ def analyze(
 
     alpha = float(cfg["alpha"])
     ref = arms[0] if arms else None
+    bases = dc.base_noise(rows, base, arms)  # per arm: the base its dJ is measured from, and its noise
+    ref_base_noise = (bases.get(ref) or {}).get("noise") or {}
+    inert = (
+        sc.inert_tasks(rows, ref, tasks_by_type.get("off_task") or [], ref_base_noise, alpha)
+        if ref is not None
+        else {}
+    )
+    if inert:
+        tasks_by_type["off_task"] = [t for t in tasks_by_type["off_task"] if t not in inert]
+        warn.append(
+            f"off-task task(s) {sorted(inert)} inert in the reference (no dJ and no KL beyond eval noise): "
+            "kept out of the role-level analysis and the variance verdicts"
+        )
     on_tasks = tasks_by_type.get("on_task") or []
     if ref is not None and on_tasks:
         ref_rows = rows[rows["precision"] == ref]
         ref_units = sc.units(ref_rows, on_tasks)
-        ref_base = "base"  # the base the reference arm's dJ is measured from (aggregate's reference_run)
-        if "reference_run" in ref_rows.columns and ref_rows["reference_run"].notna().any():
-            ref_base = str(ref_rows["reference_run"].dropna().iloc[0])
-        on_base = base["task"].isin(on_tasks) & (base["run"].astype(str) == ref_base)
-        base_noise = float(base.loc[on_base, "noise"].sum()) / len(on_tasks) ** 2
+        base_noise = sum(ref_base_noise.get(t, 0.0) for t in on_tasks) / len(on_tasks) ** 2
         gate = vd.gate(ref_units["y"].tolist(), alpha, ref, base_noise)
     else:
         gate = {"passed": False, "arm": ref, "reason": "no on-task tasks or no reference arm"}
@@ -241,7 +259,8 @@ def analyze(
     margin = float(cfg["mean_margin_fraction"]) * float(gain or 0.0)
 
     by_type, model = {}, {}
-    family = max(1, len([a for a in arms[1:] if a not in controls]))  # Holm's family (verdicts)
+    # Holm's primary family (verdicts.family_size): every compared arm under every primary hypothesis
+    family = vd.family_size(len([a for a in arms[1:] if a not in controls]), vd.primary(cfg)["hypotheses"])
     for t, tasks in tasks_by_type.items():
         if not tasks:
             warn.append(f"no task of role {t} is complete across runs")
@@ -268,7 +287,7 @@ def analyze(
                 rows, tasks, arms, "kl", cfg, f"{t}/kl", "detect" if t == "off_task" else None, family
             ),
         }
-        if t == "off_task":  # the matched-drift scales of H2 and H3 (``scopes.DRIFT_SCALES``)
+        if t == "off_task" and cfg.get("exploratory_scales"):  # divisor scales: in no verdict
             for q in sc.DRIFT_SCALES.values():
                 model[t][q] = sc.model_scope(rows, tasks, arms, q, cfg, f"{t}/{q}", None)
         for a, comp in by_type[t]["comparisons"].items():
@@ -303,6 +322,7 @@ def analyze(
             "rows": len(rows),
         },
         "tasks": tasks_by_type,
+        "inert_tasks": inert,
         "eval_noise_source": noise_source,
         "kl_estimator": estimator,
         "excluded_runs": excluded,
@@ -313,11 +333,12 @@ def analyze(
         "noise_share": sc.noise_share_block(by_type, arms, controls),
         "arms": arm_table,
         "decomposition": (
-            dc.decompose(rows, tasks_by_type, arm_table, alpha)
+            dc.decompose(rows, tasks_by_type, arm_table, alpha, bases)
             if arm_table
             else {"status": "skipped", "reason": "no arm descriptions (precisions given without entries)"}
         ),
         "verdicts": vd.decide(gate, by_type, arms, cfg, controls),
+        "primary": vd.primary_block(by_type, arms, cfg, controls),
         "controls": vd.control_outcomes(by_type, arms, controls, cfg, gate),
         "noise_floor": nf.noise_floor(floor_input),
         "warnings": warn,

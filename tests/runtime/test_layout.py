@@ -67,8 +67,8 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-STAGES = ("prepare_data", "base_model", "train", "evaluate", "sparsity", "overlap", "aggregate", "stats",
-          "learning_curves", "figures", "report")  # fmt: skip
+STAGES = ("fetch", "prepare_data", "base_model", "train", "evaluate", "sparsity", "overlap", "aggregate",
+          "stats", "learning_curves", "figures", "report")  # fmt: skip
 REPO = PACKAGE_DIR.parent
 MAX_LINES = 500
 

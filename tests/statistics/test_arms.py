@@ -43,13 +43,15 @@ def test_the_default_takes_the_bf16_bundle_apart_into_single_factor_arms():
         "bf16": "single factor",
         "fp32_drop": "single factor",
         "bf16_sr": "single factor",
-        "fp32_twin": "null twin",
-    }
+    }  # the separately seeded twin is in config.controls.yaml only: the default's null is its 16-seed reference
     assert block["bf16_drop"]["effects"] == ["rounding stall (bf16 masters, round-to-nearest)", "dropout 0.1"]
     assert block["bf16"]["effects"] == ["rounding stall (bf16 masters, round-to-nearest)"]
     assert block["bf16_sr"]["effects"] == ["precision noise (bf16 masters, stochastic rounding)"]
-    assert block["fp32_twin"]["description"]["seeds"] == "s + 1000"
-    assert block["fp32_twin"]["description"]["control"] == "negative"
+    controls = load_config(REPO / "config.controls.yaml", check_files=False)
+    twin = arms.arms_block(controls["precisions"], list(controls["precisions"]))["fp32_twin"]
+    assert twin["kind"] == "null twin"
+    assert twin["description"]["seeds"] == "s + 1000"
+    assert twin["description"]["control"] == "negative"
 
 
 @pytest.mark.parametrize(

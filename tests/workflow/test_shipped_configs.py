@@ -40,16 +40,17 @@ def readme_command(config_name: str) -> list[str]:
 
 
 def expected_jobs(config: dict) -> dict[str, int]:
-    arms, seeds, tasks = len(config["precisions"]), len(config["seeds"]), len(config["data"]["tasks"])
+    arms, tasks = len(config["precisions"]), len(config["data"]["tasks"])
+    trained = sum(len(paths.arm_seeds(config, p)) for p in config["precisions"])  # an arm may have its own
     runs = len(paths.run_names(config))
-    assert runs == len(paths.base_runs(config)) + arms * seeds
+    assert runs == len(paths.base_runs(config)) + trained
     return {
         "prepare_eval": tasks,
         "prepare_train": 1,
         "base_model": 1,
-        "train": arms * seeds,
+        "train": trained,
         "evaluate": runs if config["eval"]["jobs"] == "per_run" else runs * tasks,  # one job per run
-        "sparsity": arms * seeds,
+        "sparsity": trained,
         "overlap": arms,
         "aggregate": 1,
         "stats": 1,

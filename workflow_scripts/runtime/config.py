@@ -403,8 +403,10 @@ def repeat_problems(config: Mapping) -> Iterator[Problem]:
         key, pair = f"repeats.{i}", (entry["precision"], entry["seed"])
         if entry["precision"] not in config["precisions"]:
             yield f"{key}.precision", f"{entry['precision']!r} is not an arm of precisions"
-        if entry["seed"] not in config["seeds"]:
-            yield f"{key}.seed", f"{entry['seed']} is not one of seeds {config['seeds']}"
+        arm = config["precisions"].get(entry["precision"]) or {}
+        seeds = arm.get("seeds") or config["seeds"]
+        if entry["seed"] not in seeds:
+            yield f"{key}.seed", f"{entry['seed']} is not one of the arm's seeds {seeds}"
         if pair in seen:
             yield key, f"{pair[0]} seed {pair[1]} is listed twice; give one entry more copies"
         seen.add(pair)

@@ -123,8 +123,25 @@ def base_runs(config: Mapping) -> list[str]:
     return [base_run(), *(base_run(d) for d in base_dtypes(config))]
 
 
+def arm_seeds(config: Mapping, precision: str) -> list[int]:
+    """The seeds ``precision`` trains: its own ``seeds`` (e.g. a reference of 16), else config ``seeds``.
+
+    Seed s of two arms shares the prompt order and the sampling seed, so the seeds two arms have in
+    common are their pairs (the default: 1-8 of every arm; the reference's 9-16 are unpaired)."""
+    own = (config["precisions"][precision] or {}).get("seeds")
+    return list(own) if own else list(config["seeds"])
+
+
+def overlap_seeds(config: Mapping, precision: str) -> list[int]:
+    """The seeds of the arm's overlap table: those among config ``seeds`` (the paired ones, the same
+    number in every arm), else all its own; seed pairs grow as n^2, so a 16-seed reference would
+    cost ~4x the others' overlap job for nothing the comparison uses."""
+    own = arm_seeds(config, precision)
+    return [s for s in own if s in config["seeds"]] or own
+
+
 def trained_runs(config: Mapping) -> list[str]:
-    return [run_name(p, s) for p in config["precisions"] for s in config["seeds"]]
+    return [run_name(p, s) for p in config["precisions"] for s in arm_seeds(config, p)]
 
 
 def repeats(config: Mapping) -> list[tuple[str, int, int]]:

@@ -25,6 +25,8 @@ EVAL_MEAN_LENGTH at ``resources.evaluate.tokens_per_s``, plus KL tokens = min(pr
 (the HF sampler and two teacher-forced models), plus EVAL_STARTUP_MIN, times EVAL_MARGIN. The rates are
 assumptions, not measurements: set them from a run's own ``completions_per_s`` (its {task}.json timing),
 or set ``runtime_min``, which always wins. A retried job resumes per task (``evaluate.run_tasks``).
+A base_model job that loads a model (not ``tiny``) gets the same kind of estimate (``base_model_minutes``:
+greedy plus pass@8 on the on-task set with the HF sampler), and a retry resumes per chunk of prompts.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def snakemake_resources(config: Mapping, rule: str) -> dict:
         out["runtime"] = runtime(int(minutes))
     elif rule == "evaluate" and res["gpus"] > 0:
         out["runtime"] = evaluate_runtime(config)
+    elif rule == "base_model" and config["model"]["source"] != "tiny":
+        out["runtime"] = base_model_runtime(config)
     return out
 
 
@@ -114,6 +118,32 @@ def evaluate_runtime(config: Mapping):
         except FileNotFoundError:
             return EVAL_UNKNOWN_MIN * attempt
         return evaluate_minutes(config, problems) * attempt
+
+    return per_attempt
+
+
+def base_model_minutes(config: Mapping, problems: int, k: int = 8) -> int:
+    """One attempt's minutes for base_model scoring a loaded model on ``problems`` on-task problems: greedy
+    plus ``k`` samples each (base_model.headroom) of up to max_new_tokens x EVAL_MEAN_LENGTH tokens with
+    the HF sampler, at ``resources.evaluate.kl_tokens_per_s`` (the schema's assumed HF sampling rate),
+    plus EVAL_STARTUP_MIN, times EVAL_MARGIN. A killed attempt resumes per chunk of prompts."""
+    on_task = next(t for t in config["data"]["tasks"].values() if t["role"] == "on_task")
+    tokens = problems * (1 + k) * on_task["max_new_tokens"] * EVAL_MEAN_LENGTH
+    seconds = tokens / config["resources"]["evaluate"]["kl_tokens_per_s"]
+    return math.ceil(EVAL_MARGIN * (EVAL_STARTUP_MIN + seconds / 60))
+
+
+def base_model_runtime(config: Mapping):
+    """The base_model job's ``runtime`` (a loaded model): ``base_model_minutes`` of its on-task eval file
+    x attempt (before the file exists, in a dry run, the profile's 60 min x attempt)."""
+
+    def per_attempt(wildcards, input, attempt: int) -> int:  # input: Snakemake passes it by this name
+        try:
+            with open(input.on_task, encoding="utf-8") as fh:
+                problems = sum(1 for line in fh if line.strip())
+        except FileNotFoundError:
+            return EVAL_UNKNOWN_MIN * attempt
+        return base_model_minutes(config, problems) * attempt
 
     return per_attempt
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats as st
 
 from workflow_scripts.statistics import power as pw
 from workflow_scripts.statistics import variance_model as vm
 from workflow_scripts.statistics import verdicts as vd
+from workflow_scripts.statistics import yardstick as ys
 from workflow_scripts.statistics.stat_tests import (
     compare_means,
     compare_variances,
@@ -38,7 +40,6 @@ MODEL_QUANTITIES = {
     "log_kl": ("log_kl", "log_kl_var"),
     "dJ_drift": ("dJ_drift", "dJ_drift_var"),
 }
-SCALE_NAMES = {"dJ": "absolute", "kl": "absolute", "log_kl": "log KL", "dJ_drift": "dJ / sqrt(arm's KL)"}
 # Quantities the mixed model compares in units of each task's spread: the model has one seed x task
 # variance for all of a role's tasks, and KL's scale differs by 1000x between tasks (default run: mcq
 # 3e-4 nats, chain 0.36), so in nats the smallest task pins the common variance at 0 (measured: fp32's
@@ -48,8 +49,53 @@ SCALE_NAMES = {"dJ": "absolute", "kl": "absolute", "log_kl": "log KL", "dJ_drift
 # assumes. Both arms' values of a task are divided by the same number, so a ratio keeps its meaning.
 RELATIVE = {
     q: "per task, divided by the task's across-seed SD (root mean over the compared arms)"
-    for q in ("kl", "log_kl", "dJ_drift")
+    for q in ("kl", "log_kl")
+}  # dJ_drift is in dJ units (stats._drift_scales), weighted over the tasks as dJ is
+SCALE_NAMES = {
+    "dJ": "absolute",
+    "kl": "absolute",
+    "log_kl": "log KL (exploratory)",
+    "dJ_drift": "dJ / sqrt(arm's relative KL) (exploratory)",
 }
+INERT_KL_FRACTION = 0.01  # a task's mean KL below this share of the role's most-moved task's: no drift
+
+
+def inert_tasks(
+    rows: pd.DataFrame, ref: str, tasks: Sequence[str], base_noise: Mapping[str, float], alpha: float
+) -> dict[str, dict[str, Any]]:
+    """{task: its numbers} for the tasks of a role that training does not move in the reference arm: its
+    mean dJ is not different from 0 (t across seeds, the base's eval noise added to the SE), its seed
+    variance of dJ is not above its eval noise (chi-square test of the across-seed variance against the
+    mean noise) and its mean KL is below ``INERT_KL_FRACTION`` of the role's largest task mean KL (KL
+    is >= 0 and its Monte-Carlo noise is tiny, so a noise test would call a 0.001-nat drift moved).
+    Such a task (the default's mcq, at chance in every arm) carries no seed variance to compare and
+    would weigh fully on the standardised KL scale; it is reported and kept out of the verdicts. Needs
+    3 seeds and KL; with one task nothing is left out."""
+    sub = rows[(rows["precision"] == ref) & rows["task"].isin(tasks)]
+    if len(tasks) < 2 or sub["kl"].isna().any() or sub["run"].nunique() < 3:
+        return {}
+    kl_means = sub.groupby("task")["kl"].mean()
+    top = float(kl_means.max())
+    out: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        t = sub[sub["task"] == task]
+        y, n = t["dJ"].to_numpy(dtype=float), len(t)
+        var, noise = float(np.var(y, ddof=1)), float(t["noise"].mean())
+        se = float(np.sqrt(var / n + max(base_noise.get(task, 0.0), 0.0)))
+        p_mean = float(2 * st.t.sf(abs(y.mean()) / se, n - 1)) if se > 0 else (0.0 if y.mean() else 1.0)
+        p_spread = float(st.chi2.sf((n - 1) * var / noise, n - 1)) if noise > 0 else (0.0 if var else 1.0)
+        kl_share = float(kl_means[task]) / top if top > 0 else 0.0
+        if p_mean >= alpha and p_spread >= alpha and kl_share < INERT_KL_FRACTION:
+            out[task] = {
+                "mean_dJ": float(y.mean()),
+                "p_mean": p_mean,
+                "seed_var": var,
+                "noise_var": noise,
+                "p_spread": p_spread,
+                "mean_kl": float(kl_means[task]),
+                "kl_share_of_largest": kl_share,
+            }
+    return out
 
 
 def task_scales(rows: pd.DataFrame, tasks: Sequence[str], arms: Sequence[str], col: str) -> np.ndarray:
@@ -207,9 +253,24 @@ def model_scope(
         "arms": {a: f.summary(grid, alpha, floor) for a, f in fits.items()},
         "comparisons": {},
     }
+    r0 = float(cfg["variance_ratio_margin"])
+    nulls: dict[int, dict[str, Any]] = {}  # the null yardstick per arm size (``yardstick``)
+    _, ref_y, ref_v = arm_matrix(rows, arms[0], tasks, col, ncol)
+    ref_y, ref_v = ref_y / scales, ref_v / scales**2
     for i, a in enumerate(arms[1:], 1):
         rng = rng_for(cfg["seed"], f"model/{key}/{i}")
         comp = vm.compare_arms(fits[a], fits[arms[0]], grid, alpha, int(cfg["bootstrap"]), rng, floor)
+        if comp.get("status") == "ok":
+            comp["p_smaller"] = vm.p_below(fits[a], fits[arms[0]], grid, 1.0)
+            comp["p_below_r0"] = vm.p_below(fits[a], fits[arms[0]], grid, r0)
+            n_arm = datas[a].n_seeds
+            if n_arm not in nulls:
+                splits, null_rng = (
+                    int(cfg.get("null_splits", 200)),
+                    rng_for(cfg["seed"], f"null/{key}/{n_arm}"),
+                )
+                nulls[n_arm] = ys.null_block(ref_y, ref_v, n_arm, splits, grid, floor, null_rng)
+            comp["yardstick"] = ys.place(comp.get("ratio"), nulls[n_arm])
         if power_for and comp.get("status") == "ok":
             basis, label = pw.reference_basis(
                 fits[a], fits[arms[0]], vm.null_fit(fits[a], fits[arms[0]], grid)
@@ -226,6 +287,7 @@ def model_scope(
                 family=family,
             )
         out["comparisons"][a] = comp
+    out["yardstick"] = {str(n): {k: x for k, x in b.items() if k != "ratios"} for n, b in nulls.items()}
     failed = [f"{a}: {f.reason}" for a, f in fits.items() if f.status != "ok"]
     if failed:
         out["status"], out["reason"] = "failed", "; ".join(failed)

@@ -423,6 +423,25 @@ def ratio_cis(
     }
 
 
+def p_below(fa: ArmFit, fr: ArmFit, grid: Grid, r: float) -> float:
+    """p of the claim "the whole seed-variance ratio arm / reference is below ``r``": the profile LRT of
+    ratio >= r against the joint maximum, chi-square(1) (two-sided convention, so p < alpha exactly where
+    the (1-alpha) profile interval ends below ``r``, up to its interpolation); 1 where the estimate is at
+    or above ``r``. With r = 1 it is the p of "smaller"; with r = r0 that of "not larger than r0"."""
+    if fa.status != "ok" or fr.status != "ok":
+        return math.nan
+    if not _ratio(fa.whole, fr.whole) < r:
+        return 1.0
+    pa, pr = fa.whole_profile, fr.whole_profile
+    g = pa.size - 1
+    logr = (np.arange(2 * g - 1) - (g - 1)) * grid.step
+    joint = np.r_[pa[0] + pr.max(), shifted_max(pa[1:], pr[1:]), pr[0] + pa.max()]
+    values = np.exp(np.r_[-np.inf, logr, np.inf])
+    top = float(joint[values >= r].max())
+    lam = max(2.0 * (fa.llf + fr.llf - top), 0.0)
+    return float(st.chi2.sf(lam, 1))
+
+
 def _ratio(a: float, r: float) -> float:
     return a / r if r > 0 else (math.inf if a > 0 else math.nan)
 

@@ -261,27 +261,31 @@ RULES = {
     "H1": "on-task dJ: supported iff mean difference equivalent within mean_margin_fraction x the "
     "reference gain (paired TOST) and the (1-2alpha) CI of the whole seed-variance ratio inside (1/r0, "
     "r0); contradicted iff a (1-alpha) CI lies outside the margin; else inconclusive",
-    "H2": "off-task dJ: supported iff the one-sided (1-alpha) lower bound of the whole seed-variance "
-    "ratio (per task across seeds, shared + seed x task, eval noise held out) is above 1 and the "
-    "bootstrap-calibrated one-sided test rejects at alpha and so does the seed-permutation test, and the "
-    "larger of their p survives Holm's correction over the arms compared with the same reference (a "
-    "control is judged as one more arm of that family); contradicted iff the (1-alpha) CI is below r0 "
-    "(finding 'smaller' where it is below 1, else 'not larger than r0'); else inconclusive. Decided on "
-    "the absolute scale; the matched-drift scale (dJ / sqrt(the arm's mean KL on the task)) is read "
-    "beside it",
-    "H3": "off-task KL: the H2 rule (matched-drift scale: log KL); the on-task KL ratio is reported beside "
-    "it",
+    "H2": "off-task dJ, absolute scale (the primary analysis): 'larger' iff the one-sided (1-alpha) lower "
+    "bound of the whole seed-variance ratio (per task across seeds, shared + seed x task, eval noise held "
+    "out) is above 1 and the bootstrap-calibrated one-sided test rejects at alpha and so does the "
+    "seed-permutation test, and the larger of their p survives Holm's correction over every variance "
+    "claim of the primary family (larger or smaller, every arm, H2 and H3); 'smaller' (contradicted) iff "
+    "the profile test of ratio >= 1 survives that correction; 'not larger than r0' (contradicted) iff the "
+    "profile test of ratio >= r0 survives Holm over the same comparisons (the bounds family); else "
+    "inconclusive, with the adjusted p where the uncorrected interval excludes 1",
+    "H3": "off-task KL: the H2 rule, in the same primary family; the on-task KL ratio is reported beside it",
 }
-# Holm's correction runs over the arms within H2 and within H3, not across the hypotheses: each
-# hypothesis is its own claim with its own verdict, and no statement of the report rests on "H2 or H3"
-# being larger. H1 needs none: its 'supported' is an intersection-union test (mean AND variance
+# One primary analysis (analysis.primary): the absolute scale, and one Holm family of every variance claim
+# the summary states: for each (hypothesis, arm) of H2 and H3 the claim its estimate points to, "larger"
+# (p: the larger of the bootstrap and seed-permutation p) or "smaller" (p: the profile LRT of ratio >= 1,
+# two-sided convention, so uncorrected it is the 95% interval below 1). "Not larger than r0" bounds the
+# ratio rather than claiming a difference: its family (the same comparisons, p of ratio >= r0) is
+# corrected apart. H1 needs none: its 'supported' is an intersection-union test (mean AND variance
 # equivalence, each at alpha), whose size is at most alpha, and its 'contradicted' needs a (1-alpha)
-# interval outside the margin.
+# interval outside the margin. The divisor scales (dJ / sqrt(KL), log KL) are exploratory: they enter no
+# verdict and no family.
 
 
 def finding_variance(verdict: str, model: Mapping, classical: Mapping, cfg: Mapping) -> str:
     """The H2/H3 verdict in words that say what was found: larger, smaller (CI below 1), not larger than
-    r0 (CI below r0 but containing 1), inconclusive, not testable."""
+    r0 (CI below r0 but containing 1), inconclusive, not testable. ``decide`` passes the Holm-corrected
+    verdict and the claim that survived; this reads the interval alone."""
     if verdict == "supported":
         return "larger"
     if verdict == "contradicted":
@@ -306,24 +310,6 @@ def finding_h1(verdict: str, mean: Mapping, model: Mapping, classical: Mapping, 
     return "variance larger" if ci is not None and ci[0] is not None and ci[0] > 1 else "variance smaller"
 
 
-DIRECTION = {"larger": 1, "smaller": -1}
-
-
-def _direction(finding: str) -> int | None:
-    if finding.startswith("not larger"):
-        return 0
-    return DIRECTION.get(finding)
-
-
-def scales_agree(absolute: str, drift: str) -> bool | None:
-    """False where one scale finds 'larger' and the other 'smaller' or 'not larger'; None where either
-    scale decided nothing; else True."""
-    a, d = _direction(absolute), _direction(drift)
-    if a is None or d is None:
-        return None
-    return not ({a, d} & {1} and {a, d} & {-1, 0})
-
-
 def evidence_p(model: Mapping, classical: Mapping) -> float | None:
     """The p a 'larger' rests on: the larger of the bootstrap p and the seed-permutation p (both must
     reject), or the classical p where the model failed."""
@@ -344,25 +330,51 @@ def holm(pvalues: Mapping[Any, float | None]) -> dict[Any, float]:
     return out
 
 
+QUANTITY = {"H2": ("dJ", "off-task dJ"), "H3": ("kl", "off-task KL")}
+
+
+def claim(comp: Mapping, q: str) -> dict[str, Any]:
+    """The variance claim one comparison points to: {direction: larger | smaller | None, p, p_r0}; p of
+    "larger" = ``evidence_p``, of "smaller" = the model's profile test of ratio >= 1 (None where the model
+    failed: the classical tests give no p for it); p_r0 = that of ratio >= r0 (the bounds family)."""
+    model, classical = comp.get(f"{q}_model") or {}, comp.get(f"{q}_var") or {}
+    ok = model.get("status") == "ok"
+    ratio = model.get("ratio") if ok else classical.get("ratio")
+    if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
+        return {"direction": None, "p": None, "p_r0": None}
+    if ratio > 1:
+        return {"direction": "larger", "p": evidence_p(model, classical), "p_r0": None}
+    return {
+        "direction": "smaller",
+        "p": model.get("p_smaller") if ok else None,
+        "p_r0": model.get("p_below_r0") if ok else None,
+    }
+
+
 def family_adjusted(
     by_role: Mapping[str, Mapping],
     arms: Sequence[str],
     controls: Mapping[str, str],
-    q: str,
-    extra: str | None,
-) -> dict[str, float]:
-    """Holm-adjusted p of the off-task 'larger' test of quantity ``q`` (dJ, kl or a matched-drift scale)
-    for every precision arm compared with the reference (controls left out, so adding a control changes
-    no arm's verdict), plus ``extra`` (a control arm judged as one more member of that family: it faces
-    the correction the arms face)."""
+    hypotheses: Sequence[str] = ("H2", "H3"),
+    extra: str | None = None,
+) -> dict[str, dict[tuple[str, str], float]]:
+    """Holm-adjusted p of the primary family: {"differences": {(h, arm): p}, "bounds": {(h, arm): p}}.
+    Members: every precision arm compared with the reference (controls left out, so adding a control
+    changes no arm's verdict) under each of ``hypotheses``, plus ``extra`` (a control judged as one more
+    arm of the family: it faces the correction the arms face)."""
     comps = (by_role.get("off_task") or {}).get("comparisons") or {}
     members = [a for a in arms[1:] if a not in controls] + ([extra] if extra else [])
-    ps = {
-        a: evidence_p(comps[a].get(f"{q}_model") or {}, comps[a].get(f"{q}_var") or {})
-        for a in members
-        if a in comps
+    claims = {(h, a): claim(comps[a], QUANTITY[h][0]) for h in hypotheses for a in members if a in comps}
+    return {
+        "differences": holm({k: c["p"] for k, c in claims.items()}),
+        "bounds": holm({k: c["p_r0"] for k, c in claims.items()}),
     }
-    return holm(ps)
+
+
+def family_size(n_arms: int, hypotheses: Sequence[str]) -> int:
+    """Members of the primary family (the Holm divisor of its first step, which the power simulation
+    applies to a 'larger'): every compared arm under every primary hypothesis."""
+    return max(1, n_arms * len(hypotheses))
 
 
 def _corrected(v: str, why: str, adjusted: float | None, m: int, alpha: float) -> tuple[str, str]:
@@ -372,36 +384,51 @@ def _corrected(v: str, why: str, adjusted: float | None, m: int, alpha: float) -
     if m <= 1:
         return v, why
     if adjusted < alpha:
-        return v, f"{why}; Holm-adjusted over the {m} arms compared with the reference: p={_f(adjusted)}"
+        return v, f"{why}; Holm over the {m} variance claims of the primary family: adjusted p={_f(adjusted)}"
     return "inconclusive", (
-        f"{why}; but not after Holm's correction over the {m} arms compared with the same reference "
+        f"{why}; but not after Holm's correction over the {m} variance claims of the primary family "
         f"(adjusted p={_f(adjusted)} >= {alpha:g})"
     )
 
 
-DRIFT_SCALE = {"H2": ("dJ_drift", "off-task dJ / sqrt(arm's KL)"), "H3": ("log_kl", "off-task log KL")}
-DRIFT_KEYS = tuple(key for key, _ in DRIFT_SCALE.values())
-
-
-def _matched_drift(
-    comp: Mapping, h: str, cfg: Mapping, adjusted: Mapping[str, float], arm: str, twins: dict[str, Any]
-) -> dict[str, Any]:
-    """H2/H3's rule on the matched-drift scale, Holm-corrected over its own family of arms."""
-    key, what = DRIFT_SCALE[h]
-    model = comp.get(f"{key}_model") or {"status": "failed", "reason": "not fitted"}
-    v, why = verdict_variance(model, {}, None, cfg, what)
-    v, why = _corrected(v, why, adjusted.get(arm), len(adjusted), float(cfg["alpha"]))
-    ratio = model.get("ratio") if model.get("status") == "ok" else None
-    ci = model.get("ratio_ci") if model.get("status") == "ok" else None
-    return {
-        "scale": what,
-        "verdict": v,
-        "finding": finding_variance(v, model, {}, cfg),
-        "ratio": ratio,
-        "ratio_ci": ci,
-        "reason": why,
-        "twins": twins,
-    }
+def judge_variance(
+    comp: Mapping, h: str, cfg: Mapping, adjusted: Mapping[str, Mapping], key: Any
+) -> tuple[str, str, str, float | None]:
+    """(verdict, finding, reason, adjusted p) of one H2/H3 comparison under the primary family's
+    correction (module docstring; ``adjusted``: ``family_adjusted``, ``key``: (h, arm))."""
+    q, what = QUANTITY[h]
+    alpha, r0 = float(cfg["alpha"]), float(cfg["variance_ratio_margin"])
+    model, classical = comp[f"{q}_model"], comp[f"{q}_var"]
+    v, why = verdict_variance(model, classical, comp.get(f"{q}_power"), cfg, what)
+    diff, bounds = adjusted["differences"], adjusted["bounds"]
+    m, m_r0 = len(diff), len(bounds)
+    c = claim(comp, q)
+    adj = diff.get(key)
+    ci = _bounds(model, classical)[0]
+    if v == "supported":
+        v, why = _corrected(v, why, adj, m, alpha)
+        return v, "larger" if v == "supported" else "inconclusive", why, adj
+    if c["direction"] == "smaller" and adj is not None and adj < alpha:
+        why = (f"{why.split(': CI below')[0]}: smaller, profile test of ratio >= 1 p={_f(c['p'])}, Holm-"
+               f"adjusted over the {m} variance claims of the primary family p={_f(adj)}")  # fmt: skip
+        return "contradicted", "smaller", why, adj
+    adj_r0 = bounds.get(key)
+    if adj_r0 is not None and adj_r0 < alpha:
+        note = ""
+        if ci is not None and ci[1] is not None and ci[1] < 1:
+            note = f"; its interval is below 1 uncorrected, but 'smaller' is not after Holm (p={_f(adj)})"
+        why = (f"{why.split(': CI below')[0]}: not larger than r0={_f(r0)}, profile test of ratio >= r0 "
+               f"p={_f(c['p_r0'])}, Holm-adjusted over the {m_r0} bounds p={_f(adj_r0)}{note}")  # fmt: skip
+        return "contradicted", f"not larger than r0={_f(r0)}", why, adj_r0
+    if v == "contradicted":  # the uncorrected interval is below r0, the corrected test is not
+        v = "inconclusive"
+        why = f"{why}; but not after Holm over the {m_r0} bounds (adjusted p={_f(adj_r0)})"
+    excludes = ci is not None and ((ci[0] is not None and ci[0] > 1) or (ci[1] is not None and ci[1] < 1))
+    if excludes and "not after Holm" not in why:
+        side = "above" if ci[0] is not None and ci[0] > 1 else "below"
+        why = (f"{why}; its interval lies {side} 1 uncorrected, but not after Holm over the {m} variance "
+               f"claims of the primary family (adjusted p={_f(adj)})")  # fmt: skip
+    return v, v, why, adj
 
 
 def _twins(comps: Mapping, q: str, controls: Mapping[str, str]) -> dict[str, Any]:
@@ -414,6 +441,12 @@ def _twins(comps: Mapping, q: str, controls: Mapping[str, str]) -> dict[str, Any
     return out
 
 
+def primary(cfg: Mapping) -> dict[str, Any]:
+    """analysis.primary with its defaults: {scale, hypotheses}."""
+    p = dict(cfg.get("primary") or {})
+    return {"scale": p.get("scale", "absolute"), "hypotheses": list(p.get("hypotheses") or ("H2", "H3"))}
+
+
 def decide(
     gate_block: Mapping,
     by_role: Mapping[str, Mapping],
@@ -422,12 +455,13 @@ def decide(
     controls: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """verdicts[H] = {verdict, finding, reason, rule, scope, by_arm{arm: {verdict, finding, reason, scale,
-    matched_drift, scales_agree, twins, holm_p}}}; control arms left out (but counted in Holm's family)."""
-    out = {}
+    twins, yardstick, holm_p, family}}}; control arms left out (but counted in the controls' own
+    family)."""
+    out: dict[str, Any] = {}
     controls = dict(controls or {})
     on, off = by_role.get("on_task"), by_role.get("off_task")
-    alpha = float(cfg["alpha"])
-    adjusted = {q: family_adjusted(by_role, arms, controls, q, None) for q in ("dJ", "kl", *DRIFT_KEYS)}
+    prim = primary(cfg)
+    adjusted = family_adjusted(by_role, arms, controls, prim["hypotheses"])
     off_comps = (off or {}).get("comparisons") or {}
     for h in ("H1", "H2", "H3"):
         per_arm = {}
@@ -448,25 +482,29 @@ def decide(
                     )
                     finding = finding_h1(v, comp["dJ_mean"], comp["dJ_model"], comp["dJ_var"], cfg)
                 else:
-                    q = "dJ" if h == "H2" else "kl"
-                    what = "off-task dJ" if h == "H2" else "off-task KL"
-                    v, why = verdict_variance(
-                        comp[f"{q}_model"], comp[f"{q}_var"], comp.get(f"{q}_power"), cfg, what
-                    )
-                    v, why = _corrected(v, why, adjusted[q].get(a), len(adjusted[q]), alpha)
+                    q = QUANTITY[h][0]
+                    if h in prim["hypotheses"]:
+                        v, finding, why, adj = judge_variance(comp, h, cfg, adjusted, (h, a))
+                        family = "primary"
+                    else:  # declared outside the primary family: the uncorrected rule, said so
+                        v, why = verdict_variance(
+                            comp[f"{q}_model"], comp[f"{q}_var"], comp.get(f"{q}_power"), cfg, QUANTITY[h][1]
+                        )
+                        finding, adj, family = (
+                            finding_variance(v, comp[f"{q}_model"], comp[f"{q}_var"], cfg),
+                            None,
+                            "secondary (uncorrected)",
+                        )
+                        why += "; outside the primary family (analysis.primary): not corrected"
                     if h == "H3":
                         on_kl = ((on or {}).get("comparisons") or {}).get(a, {}).get("kl_model") or {}
                         if on_kl.get("status") == "ok":
                             why += f"; on-task KL ratio {_f(on_kl['ratio'])} {_ci(on_kl['ratio_ci'])}"
-                    finding = finding_variance(v, comp[f"{q}_model"], comp[f"{q}_var"], cfg)
-                    key = DRIFT_SCALE[h][0]
-                    twins = _twins(off_comps, key, controls)
-                    drift = _matched_drift(comp, h, cfg, adjusted[key], a, twins)
                     extra.update(
-                        matched_drift=drift,
-                        scales_agree=scales_agree(finding, drift["finding"]),
                         twins=_twins(off_comps, q, controls),
-                        holm_p=adjusted[q].get(a),
+                        yardstick=(comp.get(f"{q}_model") or {}).get("yardstick"),
+                        holm_p=adj,
+                        family=family,
                     )
             per_arm[a] = {"verdict": v, "finding": finding, "reason": why, **extra}
         v, why = overall(per_arm)
@@ -482,6 +520,23 @@ def decide(
             "scope": scope,
         }
     return out
+
+
+def primary_block(
+    by_role: Mapping[str, Mapping], arms: Sequence[str], cfg: Mapping, controls: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """stats.json ``primary``: the declared scale and hypotheses, and the Holm families' members with
+    their adjusted p (what every H2/H3 verdict of ``decide`` was corrected against)."""
+    prim = primary(cfg)
+    adjusted = family_adjusted(by_role, arms, dict(controls or {}), prim["hypotheses"])
+    return {
+        **prim,
+        "correction": "Holm",
+        "family_size": len(adjusted["differences"]),
+        "differences": {f"{h}/{a}": p for (h, a), p in adjusted["differences"].items()},
+        "bounds_family_size": len(adjusted["bounds"]),
+        "bounds": {f"{h}/{a}": p for (h, a), p in adjusted["bounds"].items()},
+    }
 
 
 def _as_it_must(kind: str, outcome: str) -> bool:
@@ -526,10 +581,10 @@ def control_outcomes(
         kl_v, kl_why = verdict_variance(
             comp["kl_model"], comp["kl_var"], comp.get("kl_power"), cfg, "off-task KL"
         )
-        adj = {q: family_adjusted(by_role, arms, controls, q, a) for q in ("dJ", "kl")}
+        adj = family_adjusted(by_role, arms, controls, primary(cfg)["hypotheses"], a)["differences"]
         uncorrected = {"dJ": v, "kl": kl_v}
-        v, why = _corrected(v, why, adj["dJ"].get(a), len(adj["dJ"]), alpha)
-        kl_v, kl_why = _corrected(kl_v, kl_why, adj["kl"].get(a), len(adj["kl"]), alpha)
+        v, why = _corrected(v, why, adj.get(("H2", a)), len(adj), alpha)
+        kl_v, kl_why = _corrected(kl_v, kl_why, adj.get(("H3", a)), len(adj), alpha)
         dj_passed = _as_it_must(kind, v)
         kl_passed = None if kl_v == "not testable" else _as_it_must(kind, kl_v)
         out[a] = {

@@ -37,6 +37,8 @@
 | (distributed.processes:     | processes). fsdp: fsdp + fsdp_config (FSDP2, full sharding, decoder-layer   |
 | the launch, not TRL)        | wrapping, whole tensors on save) and the arm's mixed-precision policy       |
 |                             | (precision.fsdp_mixed_precision) in fsdp_plugin_args                        |
+| distributed.gradient_sync   | fsdp + every_micro_batch: accelerator_config.gradient_accumulation_kwargs   |
+|                             | {sync_each_batch: true} (``gradient_sync_args``); otherwise nothing         |
 | report_to                   | report_to (none / tensorboard / wandb); TensorBoard events go to the run's  |
 |                             | results folder ``tb/`` (``tracking_env``), W&B honours WANDB_MODE=offline   |
 | kl_every, kl_prompts,       | not TRL: our KL log (MetricsLogger) and the reward's verifier timeout       |
@@ -135,6 +137,23 @@ def fsdp_args(train_cfg: Mapping, world_size: int) -> dict:
     }
 
 
+def gradient_sync_args(train_cfg: Mapping) -> dict:
+    """GRPOConfig's accelerator_config for ``train.distributed.gradient_sync``: under FSDP with
+    every_micro_batch, accelerate's ``sync_each_batch``, so FSDP2 reduce-scatters every micro-batch and each
+    GPU keeps only its gradient shard (the memory plan's ``gradients`` term; it says why this is the default).
+
+    Without it the unsharded gradients stay on every GPU through accumulation (transformers 5.24
+    trainer.py:1904-1915 runs all but the last micro-batch in ``accelerator.no_sync``, which under FSDP2
+    is ``set_requires_gradient_sync(False)``: accelerate 1.15 accelerator.py:1166-1171). transformers reads
+    the flag from ``accelerator_config.gradient_accumulation_kwargs`` (trainer.py:810-830, into
+    accelerate's GradientAccumulationPlugin) and then enters no ``no_sync`` at all (trainer.py:1905-1909).
+    DDP: nothing, as its no_sync holds no extra memory (the local gradients are the same size)."""
+    distributed = train_cfg.get("distributed") or {}
+    if strategy(train_cfg) != "fsdp" or distributed.get("gradient_sync", "every_micro_batch") != "every_micro_batch":
+        return {}
+    return {"accelerator_config": {"gradient_accumulation_kwargs": {"sync_each_batch": True}}}
+
+
 def importance_sampling_args(train_cfg: Mapping) -> dict:
     """GRPOConfig's vllm_importance_sampling_* fields from ``train.importance_sampling``, always explicit:
     TRL's own defaults (on, sequence_mask) would otherwise apply without anyone choosing them."""
@@ -226,6 +245,7 @@ def grpo_config(
         log_completions=False,
         **trainer_precision_args(mode),
         **fsdp_args(train_cfg, world),
+        **gradient_sync_args(train_cfg),
     )
     args = GRPOConfig(**kwargs)
     if args.fsdp_plugin_args is not None:  # the plugin is built from this dict by the Trainer

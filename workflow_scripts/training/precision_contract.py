@@ -21,10 +21,20 @@ any second step. run.json keeps ``expected`` and ``observed``.
 | bf16_matmul            | ``precision.matmul_path``              | the torch-function mode active         |
 | grad_reduce_dtype      | null in one process; else the          | FSDP2 policy reduce_dtype (null: the   |
 |                        | gradients' dtype (nothing casts them)  | gradients'), DDP: the gradients' dtype |
-| kv_cache_dtype         | the rollout dtype with vLLM, else null | the engine's vllm_config.cache_config  |
-|                        |                                        | .cache_dtype ("auto": its model dtype) |
+| kv_cache_dtype         | the rollout dtype with vLLM, else null | the dtype of the KV-cache tensors the  |
+|                        |                                        | engine's attention layers hold         |
+| engine_attention_dtype | the rollout dtype with vLLM, else null | the engine's attention layers' dtype   |
+| engine_matmul_precision| "ieee" with vLLM (TF32 off in every    | the engine process's fp32 product modes|
+|                        | arm), else null                        | (torch, cuBLAS, oneDNN, Triton tl.dot) |
+| engine_deterministic   | with vLLM: the arm's ``deterministic``;| torch's deterministic algorithms as the|
+|                        | else null                              | engine's worker sees them              |
+| engine_batch_invariant | false with vLLM, else null             | VLLM_BATCH_INVARIANT as vLLM reads it  |
 | sampler_lm_head_dtype  | with vLLM: sampler_dtype, autocast or  | the engine's LM-head weight            |
-|                        | the head's (lm_head_dtype); else null  | (``vllm_engine.engine_record``)        |
+|                        | the head's (lm_head_dtype); else null  |                                        |
+
+The engine's fields come from its worker's objects (``vllm_engine.engine_record``), not its config: an
+fp32 engine whose attention ran TF32 products, or whose KV cache held bf16, is refused however it was
+configured (module docstring of ``vllm_engine``: why these, and the determinism decision).
 """
 
 from __future__ import annotations
@@ -41,6 +51,16 @@ from workflow_scripts.training.sampler import own_sampler_dtypes
 
 GROUPS = ("body", "lm_head")
 
+ENGINE_FIELDS = {
+    "kv_cache_dtype": "kv_cache_dtype",
+    "engine_attention_dtype": "attention_dtype",
+    "engine_matmul_precision": "matmul_precision",
+    "engine_deterministic": "deterministic_algorithms",
+    "engine_batch_invariant": "batch_invariant",
+    "sampler_lm_head_dtype": "lm_head_dtype",
+}
+"""Contract field -> the ``vllm_engine.engine_record`` key it is observed from."""
+
 
 def expected_contract(mode: PrecisionMode, *, device: str, world: int, use_vllm: bool) -> dict:
     """The dtypes the arm's config implies (see the module table)."""
@@ -56,6 +76,10 @@ def expected_contract(mode: PrecisionMode, *, device: str, world: int, use_vllm:
         bf16_matmul=matmul_path(mode, device),
         grad_reduce_dtype=None if world == 1 else mode.param_dtype,
         kv_cache_dtype=rollout if use_vllm else None,
+        engine_attention_dtype=rollout if use_vllm else None,
+        engine_matmul_precision="ieee" if use_vllm else None,
+        engine_deterministic=bool(mode.deterministic) if use_vllm else None,
+        engine_batch_invariant=False if use_vllm else None,
         sampler_lm_head_dtype=(mode.sampler_dtype or mode.autocast or mode.head_dtype) if use_vllm else None,
     )
     return contract
@@ -99,9 +123,9 @@ def differences(expected: Mapping, observed: Mapping) -> list[str]:
 class ContractCheck(TrainerCallback):
     """Observes the contract at the first optimizer step and raises on a difference (module docstring).
 
-    ``engine``: returns {rollout_dtype, kv_cache_dtype} of a vLLM engine, or None on the HF path (then
-    the rollout dtype is the probe's sampling record); ``reduce_dtype``: returns the gradient-reduction
-    dtype the distributed wrapper uses (None in one process)."""
+    ``engine``: returns ``engine_fields`` of a vLLM engine ({rollout_dtype} of the HF sampler's own copy),
+    or None on the HF path (then the rollout dtype is the probe's sampling record); ``reduce_dtype``:
+    returns the gradient-reduction dtype the distributed wrapper uses (None in one process)."""
 
     def __init__(
         self,
@@ -147,8 +171,7 @@ class ContractCheck(TrainerCallback):
             rollout_dtype=(engine or {}).get("rollout_dtype", sampling.get("layer_output_dtype")),
             bf16_matmul=_matmul_active(),
             grad_reduce_dtype=self.reduce_dtype(grads["body"]),
-            kv_cache_dtype=(engine or {}).get("kv_cache_dtype"),
-            sampler_lm_head_dtype=(engine or {}).get("lm_head_dtype"),
+            **{key: (engine or {}).get(key) for key in ENGINE_FIELDS},
         )
         self._raise_on(fields)
 
@@ -170,18 +193,22 @@ class ContractCheck(TrainerCallback):
                 "checked_at": "first optimizer step"}  # fmt: skip
 
 
+def engine_fields(record: Mapping) -> dict:
+    """The contract's observed engine fields (rollout_dtype and ``ENGINE_FIELDS``) from an engine record."""
+    observed = {field: record[key] for field, key in ENGINE_FIELDS.items()}
+    return {"rollout_dtype": record["model_dtype"], **observed}
+
+
 def vllm_engine_dtypes(trainer) -> dict | None:
-    """{rollout_dtype, kv_cache_dtype, lm_head_dtype} of the trainer's colocated vLLM engine, read from
-    the engine itself (``vllm_engine.engine_record``); None: no vLLM."""
+    """``engine_fields`` of the trainer's colocated vLLM engine, read from the engine itself
+    (``vllm_engine.engine_record``); None: no vLLM."""
     generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
     llm = getattr(generation, "llm", None)
     if generation is None or llm is None:
         return None
     from workflow_scripts.models.vllm_engine import engine_record
 
-    record = engine_record(llm)
-    return {"rollout_dtype": record["model_dtype"], "kv_cache_dtype": record["kv_cache_dtype"],
-            "lm_head_dtype": record["lm_head_dtype"]}  # fmt: skip
+    return engine_fields(engine_record(llm))
 
 
 def reduce_dtype_of(accelerator, world: int) -> Callable[[str | None], str | None]:

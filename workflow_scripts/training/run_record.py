@@ -49,9 +49,10 @@ def peak_gpu_memory() -> dict:
 
 def vllm_record(trainer) -> dict:
     """Whether TRL generated the rollouts with vLLM, and the engine: the dtype and seed it runs with
-    (vLLM picks its own dtype for a float32 checkpoint unless told), its KV-cache dtype, LM-head dtype
-    and ``train.vllm`` settings as the engine holds them (``vllm_engine.engine_record``), read from the
-    trainer and its engine, not the config."""
+    (vLLM picks its own dtype for a float32 checkpoint unless told), and ``vllm_engine.engine_record``:
+    its attention backend and dtype, matmul precision, KV-cache tensors' dtype, LM-head dtype, determinism
+    switches and ``train.vllm`` settings, read from its worker's objects when TRL built it
+    (``grpo_trainer.vllm_engine_args``), or now where that recorded nothing; not from the config."""
     generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
     if generation is None:
         return {"used": False, "mode": None, "dtype": None, "seed": None, "seed_given": None}
@@ -62,6 +63,10 @@ def vllm_record(trainer) -> dict:
     built = dict(getattr(trainer, "vllm_engine_args", {}))
     given = built.pop("seed", None)  # grpo_trainer.vllm_seed(run seed, group)
     built.pop("dtype", None)
+    if "matmul_precision" not in built and llm is not None:  # built without train.vllm settings
+        from workflow_scripts.models.vllm_engine import engine_record
+
+        built.update(engine_record(llm))
     seed = getattr(getattr(engine, "model_config", None), "seed", given)  # what the engine holds
     return {"used": True, "mode": mode, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
             "seed_given": given, **built}  # fmt: skip
