@@ -50,9 +50,39 @@ rule aggregate:
         "../workflow_scripts/aggregate.py"
 
 
+# snapshot_metrics: the reference's evaluated snapshots (config snapshots; rules/evaluate.smk,
+# evaluate_snapshot) and the base runs' off-task summaries as one table, apart from metrics.parquet; the
+# stats job reads it for the movement-matched comparison (workflow_scripts/statistics/matched.py).
+if SNAPSHOT_RUNS:
+
+    rule snapshot_metrics:
+        input:
+            evals=[str(paths.eval_summary(r, t)) for r in SNAPSHOT_RUNS + paths.base_runs(config) for t in OFF_TASKS],
+            kls=[str(paths.kl_summary(r, t)) for r in SNAPSHOT_RUNS + paths.base_runs(config) for t in OFF_TASKS],
+        output:
+            table=f"{ANALYSIS}/snapshot_metrics.parquet",
+        params:
+            roles=TASK_ROLES,
+            precisions=PRECISIONS,
+            references={p: paths.reference_run(config, paths.run_name(p, 0)) for p in PRECISIONS},
+            code=code("snapshot_metrics"),
+        log:
+            "logs/snapshot_metrics/snapshot_metrics.log",
+        benchmark:
+            "benchmarks/snapshot_metrics/snapshot_metrics.tsv"
+        conda:
+            "../envs/analysis.yaml"
+        threads: job_threads("aggregate")
+        resources:
+            **job_resources("aggregate"),
+        script:
+            "../workflow_scripts/snapshot_metrics.py"
+
+
 rule stats:
     input:
         metrics=rules.aggregate.output.metrics,
+        **({"snapshots": f"{ANALYSIS}/snapshot_metrics.parquet"} if SNAPSHOT_RUNS else {}),
     output:
         stats=report(f"{ANALYSIS}/stats.json", caption="../report/stats.rst", category="Report"),
     params:

@@ -2,6 +2,7 @@
 # constraints, code versions. Paths and run names come from workflow_scripts/runtime/paths.py, config rules
 # from workflow_scripts/runtime/config.py; nothing here re-implements them.
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +48,11 @@ TASKS = list(config["data"]["tasks"])
 PRECISIONS = list(config["precisions"])
 SEEDS = list(config["seeds"])
 RUNS = paths.run_names(config)
+# the reference's snapshots (config snapshots): evaluated on the off-task tasks, read by the matched
+# comparison only (statistics/matched.py), never by aggregate
+SNAPSHOT_STEPS = paths.snapshot_steps(config, PRECISIONS[0])
+SNAPSHOT_RUNS = paths.snapshot_runs(config)
+OFF_TASKS = [t for t, spec in config["data"]["tasks"].items() if spec["role"] == "off_task"]
 REPEATS = paths.repeats(config)  # (precision, seed, repeat >= 2): config `repeats`, the noise floor
 
 
@@ -54,7 +60,7 @@ wildcard_constraints:
     precision="|".join(PRECISIONS),
     seed=r"\d+",
     task="|".join(TASKS),
-    run="|".join(RUNS),
+    run="|".join(re.escape(r) for r in RUNS),  # snapshots: rule evaluate_snapshot's own constraint
     repeat=r"[2-9]|[1-9]\d+",
 
 
@@ -132,6 +138,7 @@ def all_targets():
     targets += [str(paths.kl_summary(r, t)) for r in RUNS for t in TASKS]
     targets += [str(paths.sparsity_table(p, s)) for p in PRECISIONS for s in paths.arm_seeds(config, p)]
     targets += [str(paths.overlap_table(p)) for p in PRECISIONS]
+    targets += [str(paths.kl_summary(r, t)) for r in SNAPSHOT_RUNS for t in OFF_TASKS]
     targets += [str(paths.analysis_dir() / "stats.json"), str(paths.analysis_dir() / "report.md")]
     return targets
 
@@ -152,8 +159,11 @@ def evaluate_outputs(path_of):
 
 
 def evaluate_task_names(wildcards):
-    """The tasks of one evaluate job: its task (eval.jobs per_task) or every task (per_run)."""
-    return [wildcards.task] if "task" in wildcards.keys() else TASKS
+    """The tasks of one evaluate job: its task (eval.jobs per_task), every task (per_run), or the off-task
+    tasks of a snapshot (rule evaluate_snapshot)."""
+    if "task" in wildcards.keys():
+        return [wildcards.task]
+    return OFF_TASKS if paths.parse_run(wildcards.run).step is not None else TASKS
 
 
 def evaluate_inputs(wildcards):

@@ -39,3 +39,21 @@ rule evaluate:
         **job_resources("evaluate"),
     script:
         "../workflow_scripts/evaluate.py"
+
+
+# evaluate_snapshot: a snapshot of the reference (run {arm}-s{seed}@step{k}, config snapshots) on every
+# off-task task in one job (one start-up and model load for its tasks: they are 4 jobs' work in one), for
+# the movement-matched comparison (statistics/matched.py). Otherwise the evaluate job: its inputs, params
+# and numbers (a snapshot draws its run's eval streams, paths.stream_run).
+if SNAPSHOT_RUNS:
+    SNAPSHOT_RUN = "{run," + "|".join(re.escape(r) for r in SNAPSHOT_RUNS) + "}"
+
+    use rule evaluate as evaluate_snapshot with:
+        output:
+            samples=[str(paths.eval_samples(SNAPSHOT_RUN, t)) for t in OFF_TASKS],
+            summary=[str(paths.eval_summary(SNAPSHOT_RUN, t)) for t in OFF_TASKS],
+            kl=[str(paths.kl_summary(SNAPSHOT_RUN, t)) for t in OFF_TASKS],
+        log:
+            "logs/evaluate/{run}.log",
+        benchmark:
+            "benchmarks/evaluate/{run}.tsv"

@@ -31,6 +31,7 @@ rule train:
         checkpoints=lambda wc: str(paths.checkpoint_dir(wc.precision, wc.seed)),
         verifier=config["data"]["train"]["verifier"],
         processes=train_processes(config),
+        snapshots={},  # rule train_snapshots: {step: folder}
         code=code("train"),
     log:
         "logs/train/{precision}/seed{seed}.log",
@@ -60,3 +61,23 @@ use rule train as train_repeat with:
         "logs/train/{precision}/seed{seed}-r{repeat}.log",
     benchmark:
         "benchmarks/train/{precision}/seed{seed}-r{repeat}.tsv"
+
+
+# train_snapshots: the reference arm's train job when config `snapshots` has steps: the same job, which
+# also saves the policy at those steps into results/train/{arm}/seed{seed}/snapshots/step{k} (outputs,
+# evaluated as runs {arm}-s{seed}@step{k}: the movement-matched comparison, statistics/matched.py). Its
+# outputs match the reference arm only; ruleorder makes it the reference's train job.
+if SNAPSHOT_STEPS:
+    REFERENCE_RUN_DIR = paths.train_dir(f"{{precision,{re.escape(PRECISIONS[0])}}}", "{seed}")
+
+    use rule train as train_snapshots with:
+        output:
+            model=directory(str(REFERENCE_RUN_DIR / "model")),
+            metrics=str(REFERENCE_RUN_DIR / "metrics.jsonl"),
+            run=str(REFERENCE_RUN_DIR / "run.json"),
+            heldout=str(REFERENCE_RUN_DIR / HELDOUT_FILE),
+            **{f"snapshot{k}": directory(str(paths.snapshot_in(REFERENCE_RUN_DIR, k))) for k in SNAPSHOT_STEPS},
+        params:
+            snapshots=lambda wc: {k: str(paths.snapshot_dir(wc.precision, wc.seed, k)) for k in SNAPSHOT_STEPS},
+
+    ruleorder: train_snapshots > train

@@ -82,3 +82,27 @@ def test_the_stage_loads_a_local_model_restores_chunks_and_clears_them(tiny_base
     ]
     assert on_task["greedy_accuracy"] == (8 + sum(rest)) / len(rows)  # the planted chunk, the others scored
     assert not key_dir.exists()
+
+
+def test_a_loaded_models_job_limit_grows_with_its_on_task_problems(tmp_path):
+    """resources.base_model_minutes: greedy + 8 samples a problem at half the token budget, at the assumed
+    HF rate, plus start-up, times the margin; the rule's runtime reads its on-task file (60 min x attempt
+    before it exists: a dry run), and the tiny model keeps the profile's default."""
+    from conftest import REPO
+
+    from workflow_scripts.runtime import resources
+    from workflow_scripts.runtime.config import load_config
+
+    config = load_config(REPO / "config.paper.yaml", check_files=False)
+    tokens = 500 * 9 * 3072 * resources.EVAL_MEAN_LENGTH
+    seconds = tokens / config["resources"]["evaluate"]["kl_tokens_per_s"]
+    assert resources.base_model_minutes(config, 500) == -(-resources.EVAL_MARGIN * (10 + seconds / 60) // 1)
+    assert resources.base_model_minutes(config, 1000) > 1.9 * resources.base_model_minutes(config, 500)
+    per_attempt = resources.snakemake_resources(config, "base_model")["runtime"]
+    on_task = tmp_path / "math500.jsonl"
+    assert per_attempt(None, input=type("I", (), {"on_task": str(on_task)})(), attempt=2) == 120
+    on_task.write_text("{}\n" * 500)
+    limit = per_attempt(None, input=type("I", (), {"on_task": str(on_task)})(), attempt=2)
+    assert limit == 2 * resources.base_model_minutes(config, 500)
+    tiny = load_config(REPO / "config.yaml", check_files=False)
+    assert "runtime" not in resources.snakemake_resources(tiny, "base_model")

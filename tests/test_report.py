@@ -368,7 +368,7 @@ def test_full_workflow_writes_the_analysis_and_an_html_report(finished_workflow)
     # the bf16 arm's gap, measured by its runs, is said to be its dropout's (HF sampler in its own dtype)
     gap = r"bf16 = .*\(a bundle; mean sampler-trainer gap [0-9.e-]+ nats.*from dropout \(train-mode loss, "
     assert re.search(gap + r"eval-mode sampler\), not numerics\)", first)
-    assert result["arms"]["bf16"]["kind"] == "bundle" and result["schema_version"] == 5
+    assert result["arms"]["bf16"]["kind"] == "bundle" and result["schema_version"] == 6
     for rule in ("aggregate", "stats", "learning_curves", "figures", "report"):
         assert (wf / "logs" / rule / f"{rule}.log").exists()
         assert (wf / "benchmarks" / rule / f"{rule}.tsv").exists()

@@ -38,6 +38,7 @@ from workflow_scripts.runtime.numerics import provenance_section
 from workflow_scripts.runtime.smk import main_from, parse_pairs
 from workflow_scripts.statistics.arms import run_setups
 from workflow_scripts.statistics.curve_report import learning_curves_section
+from workflow_scripts.statistics.matched import summary_lines as matched_lines
 from workflow_scripts.statistics.mismatch_report import gaps_by_arm, mismatch_table
 from workflow_scripts.statistics.noise_floor import without_repeats
 from workflow_scripts.statistics.report_tables import (
@@ -56,10 +57,11 @@ from workflow_scripts.statistics.report_tables import (
 from workflow_scripts.statistics.summary import (
     arms_section,
     decomposition_section,
-    drift_cell,
     summary_section,
     twin_cell,
+    yardstick_words,
 )
+from workflow_scripts.statistics.verdicts import _f as vd_f
 from workflow_scripts.tasks.rows import read_json, read_parquet
 
 GLOSSARY = Path(__file__).resolve().parents[1] / "docs" / "glossary.md"  # linked from the report's head
@@ -149,8 +151,9 @@ def noise_warnings(stats: Mapping) -> list[str]:
     return out
 
 
-VERDICT_HEADER = ["", "comparison", "finding (verdict)", "ratio [95% CI]", "p", "at matched drift",
-                  "null twin", "power / MDE", "seeds per arm needed"]  # fmt: skip
+VERDICT_HEADER = ["", "comparison", "finding (verdict)", "ratio [95% CI]", "p (Holm-adjusted)",
+                  "null yardstick (reference splits)", "null twin", "power / MDE",
+                  "seeds per arm needed"]  # fmt: skip
 
 
 def verdict_section(stats: Mapping) -> str:
@@ -174,8 +177,10 @@ def verdict_section(stats: Mapping) -> str:
                 if others
                 else "no precision arm" + (" (controls below)" if controls else "")
             )
+            adj = f" ({fmt(by_arm['holm_p'])})" if by_arm.get("holm_p") is not None else ""
+            yard = yardstick_words(comp.get("yardstick")) if comp.get("status") == "ok" else "-"
             rows.append(
-                [h, label, f"**{finding}** ({v})", ratio, fmt(comp.get("p")), drift_cell(by_arm),
+                [h, label, f"**{finding}** ({v})", ratio, fmt(comp.get("p")) + adj, yard,
                  twin_cell(by_arm), pw, need]
             )  # fmt: skip
     out = [
@@ -188,12 +193,12 @@ def verdict_section(stats: Mapping) -> str:
         "",
         "Findings: larger (the rule's 'supported'), smaller (the ratio's interval lies below 1), not larger "
         "than r0 (below r0 but containing 1), equivalent / mean lower / mean higher (H1), inconclusive. "
-        "Verdicts are decided on the absolute scale; 'at matched drift' is the same rule on a scale that "
-        "does not reward moving less (H2: dJ / sqrt(the arm's mean KL on the task); H3: log KL; the null "
-        "twin's ratio on that scale after it), and a disagreement of the two is flagged (⚠). 'null twin': "
-        "the negative control's ratio on the same comparison (what an arm that differs only by its seeds "
-        "gets). 'larger' must survive Holm's correction over the arms compared with the reference, on "
-        "each scale.",
+        "One primary analysis (analysis.primary): the absolute scale, and every variance claim of H2 and H3 "
+        "(larger or smaller, every arm) corrected together by Holm; 'not larger than r0' is a bound, "
+        "corrected over the same comparisons apart. 'null yardstick': the 5-95% range of the same ratio "
+        "over random splits of the reference's seeds into two sets of the arm's size, and the share of "
+        "splits at least as extreme (only where the reference has twice the arm's seeds). 'null twin': a "
+        "negative control's ratio on the same comparison (config.controls.yaml).",
         "",
     ]
     for line in noise_warnings(stats):
@@ -244,6 +249,71 @@ def controls_section(stats: Mapping) -> str:
             table(["control arm", "kind", "must be", "off-task dJ", "off-task KL", "result"], rows),
             "",
             *reasons,
+            "",
+        ]
+    )
+
+
+# ------------------------------------------- the base and the movement-matched comparison (issue 60)
+
+
+def base_section(base: Mapping | None) -> str:
+    """Which base every run started from, and that the conclusions are conditional on it."""
+    if not base:
+        return ""
+    shipped = base.get("shipped")
+    if shipped:
+        built = shipped.get("built") or {}
+        cpu = ((built.get("numerics") or {}).get("cpu_model")) or "n/a"
+        steps = (built.get("sft") or {}).get("steps", "n/a")
+        sha = (shipped.get("files") or {}).get("model.safetensors", "n/a")
+        where = (
+            f"the shipped base `{shipped.get('path')}` (model.safetensors sha256 {sha[:16]}..., checked "
+            f"against its manifest; built once on {cpu}, {steps} warm-start steps): every machine starts "
+            "from these bits"
+        )
+    else:
+        where = (
+            f"a base built on this machine (model.source {base.get('source')}): another CPU kind builds "
+            "another base from the same config"
+        )
+    return "\n".join(
+        [
+            "## Base model",
+            "",
+            f"Every run starts from {where}. Every conclusion below is conditional on this one base: how far "
+            "they travel to other bases is what config.bases.yaml (`make bases`) asks. From the same base, "
+            "training floats still differ between CPU kinds, so another machine's numbers are the same "
+            "distribution, not the same bits (docs/reproducibility.md).",
+            "",
+        ]
+    )
+
+
+def matched_section(stats: Mapping) -> str:
+    """stats.json ``matched`` (statistics/matched.py): each arm's seed variance beside the reference's at
+    the step where the reference has moved as far (off-task KL)."""
+    block = stats.get("matched")
+    if not block:
+        return ""
+    intro = (
+        "Before a smaller seed variance is read as more stable: the reference's own snapshots, evaluated "
+        "on the off-task tasks, at the step whose mean off-task KL is nearest the arm's (the nearest "
+        "evaluated step, not an interpolation; the KL ratio says how close). The whole seed-variance "
+        "ratio arm / reference there, off-task dJ and KL, by the mixed model as in the verdicts; Holm "
+        "over this block's own claims (it qualifies the verdicts, it is not one of them)."
+    )
+    curve = block.get("reference_kl") or {}
+    kl_line = ", ".join(f"step {k} {vd_f(v)}" for k, v in curve.items())
+    return "\n".join(
+        [
+            "## Movement-matched comparison",
+            "",
+            intro,
+            "",
+            f"Reference mean off-task KL by step: {kl_line or 'n/a'}.",
+            "",
+            *matched_lines(block),
             "",
         ]
     )
@@ -356,6 +426,7 @@ def render(
     numerics: Mapping[str, Any] | None = None,
     learning_curves: Mapping[str, Any] | None = None,
     setups: Mapping[str, Any] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> str:
     """The whole report.md text. ``numerics``: record name -> its base.json's or run.json's ``numerics``
     (``provenance_section``); ``learning_curves``: its json; ``setups``: run -> ``arms.sampler_setup``."""
@@ -381,12 +452,14 @@ def render(
     gaps = gaps_by_arm(seeds_only, arms, setups)  # the mismatch table and the summary's words
     parts = [
         "\n".join(head),
-        arms_section(stats),
+        arms_section(stats, gaps),
         summary_section(stats, gaps),
+        base_section(base),
         gate_section(stats),
         verdict_section(stats),
         decomposition_section(stats),
         controls_section(stats),
+        matched_section(stats),
         excluded_section(stats, seeds_only),
         components_section(stats),
         noise_share_section(stats),
@@ -439,7 +512,10 @@ def run(
         numerics[name] = record.get("numerics") if isinstance(record, dict) else None
         read.append(record)
     setups = run_setups(read)  # what each run samples and trains in: the mismatch table's sources
-    text = render(content, read_parquet(metrics), figures, out, precisions, ov, numerics, curves, setups)
+    base = next((r for r in read if isinstance(r, dict) and "precision" not in r), None)  # base.json
+    text = render(
+        content, read_parquet(metrics), figures, out, precisions, ov, numerics, curves, setups, base
+    )
     write_text(out, text)
     print(f"report: {len(text.splitlines())} lines -> {out}", file=sys.stderr)
     return text

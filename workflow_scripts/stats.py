@@ -48,6 +48,7 @@ from workflow_scripts.runtime.atomic import write_text
 from workflow_scripts.runtime.smk import main_from
 from workflow_scripts.statistics import arms as am
 from workflow_scripts.statistics import decompose as dc
+from workflow_scripts.statistics import matched as mt
 from workflow_scripts.statistics import noise_floor as nf
 from workflow_scripts.statistics import scopes as sc
 from workflow_scripts.statistics import verdicts as vd
@@ -186,6 +187,7 @@ def analyze(
     *,
     precisions: Sequence[str] | Mapping[str, Any] | None = None,
     controls: Mapping[str, str] | None = None,
+    snapshots: pd.DataFrame | None = None,
 ) -> dict:
     """Statistics and verdicts for H1-H3 (the content of analysis/stats.json; JSON-safe, no NaN).
 
@@ -343,6 +345,10 @@ def analyze(
         "noise_floor": nf.noise_floor(floor_input),
         "warnings": warn,
     }
+    # movement matched by design (statistics/matched.py): the reference's evaluated snapshots, if any
+    if snapshots is not None and len(snapshots):
+        snap_rows = _prepare(snapshots, [], estimator)[0]
+        out["matched"] = mt.matched(rows, snap_rows, arms, tasks_by_type.get("off_task") or [], cfg, controls)
     return json_safe(out)
 
 
@@ -355,13 +361,16 @@ def run(
     out: str | os.PathLike,
     analysis: Mapping | None,
     precisions: Sequence[str] | Mapping[str, Any] = (),
+    snapshots: str | os.PathLike | None = None,
 ) -> dict:
     """The stats stage: stats.json = analyze(metrics.parquet) + a ``source`` block; strict JSON.
 
-    ``precisions``: the arm order, or the config's precisions section (arm order and control labels)."""
+    ``precisions``: the arm order, or the config's precisions section (arm order and control labels);
+    ``snapshots``: the reference's snapshot metrics (statistics/matched.py; config snapshots)."""
     table = read_parquet(metrics)
     order = dict(precisions) if isinstance(precisions, Mapping) else list(precisions)
-    result = analyze(table, analysis, precisions=order or None)
+    snaps = read_parquet(snapshots) if snapshots else None
+    result = analyze(table, analysis, precisions=order or None, snapshots=snaps)
     result["source"] = {"metrics": str(metrics), "rows": len(table), "runs": int(table["run"].nunique())}
     write_text(out, json.dumps(result, indent=2, allow_nan=False) + "\n")
     verdict_line = ", ".join(f"{h} {v['verdict']}" for h, v in result["verdicts"].items())
@@ -380,6 +389,7 @@ def from_snakemake(smk: Any) -> None:
         out=smk.output.stats,
         analysis=dict(smk.params.analysis),
         precisions=smk.params.precisions,
+        snapshots=smk.input.get("snapshots"),
     )
 
 

@@ -59,6 +59,7 @@ from workflow_scripts.tasks.rows import read_rows
 from workflow_scripts.training.bf16_matmul import bf16_matmul
 from workflow_scripts.training.bf16_matmul import record as matmul_record
 from workflow_scripts.training.checkpoints import (
+    Snapshots,
     checkpoint_step,
     latest_complete_checkpoint,
     prepare_checkpoint_dir,
@@ -187,6 +188,10 @@ def job_from_config(
         "ckpt_dir": str(ckpt_dir),
         "verifier": dict(config["data"]["train"]["verifier"]) if "data" in config else None,
         "heldout": heldout_spec(config) if "data" in config else None,
+        "snapshots": {
+            str(k): str(paths.snapshot_in(out_dir, k))
+            for k in (paths.snapshot_steps(config, precision) if repeat == 1 and "train" in config else [])
+        },
     }
 
 
@@ -205,13 +210,15 @@ def run(
     verifier: "dict | None" = None,
     repeat: int = 1,
     heldout: "dict | None" = None,
+    snapshots: "dict | None" = None,
 ) -> dict:
     """The stage: train arm ``precision`` (its config entry ``mode``) with seed ``seed``; write model/,
     metrics.jsonl and run.json under ``out_dir``. ``model`` = {dtype, trust_remote_code} of the base;
     ``verifier`` = the training set's verifier settings (``data.train.verifier``; None: defaults);
     ``repeat`` = 1, or k >= 2 for a repeat of (precision, seed) (config ``repeats``: same seed);
     ``heldout`` = the held-out curve's settings (``heldout_spec``; the stage always has them; None: no
-    curve), measured on data_dir/eval/{task}.jsonl and written to heldout.jsonl."""
+    curve), measured on data_dir/eval/{task}.jsonl and written to heldout.jsonl; ``snapshots`` = {step:
+    folder} where the policy at that step is copied (config ``snapshots``, ``checkpoints.Snapshots``)."""
     started = time.time()
     data_dir, base_dir, out_dir, ckpt_dir = map(Path, (data_dir, base_dir, out_dir, ckpt_dir))
     train_cfg = dict(train)
@@ -278,6 +285,12 @@ def run(
         max_new_tokens=train_cfg["max_completion_length"], previous=previous, sharded=sharded,
         phase_of=schedule["phase_of"], phase_names=schedule["names"],
     )  # fmt: skip
+    snapshot_outputs = {int(k): Path(v) for k, v in (snapshots or {}).items()}
+    saver = Snapshots(ckpt_dir, list(snapshot_outputs), tokenizer) if snapshot_outputs else None
+    if saver and sharded:
+        raise ValueError(
+            "config snapshots: not available under FSDP (the weights are shards); set snapshots: {}"
+        )
     curves = None
     if heldout is not None:
         name = paths.run_name(precision, seed, repeat)
@@ -311,6 +324,7 @@ def run(
                 logger,
                 *([KLPartner(logger)] if sharded else []),
                 *([curves] if curves else []),
+                *([saver] if saver else []),
                 *(callbacks or []),
             ],
         )
@@ -353,6 +367,8 @@ def run(
             policy.save_pretrained(tmp, safe_serialization=True, state_dict=full_state)
             tokenizer.save_pretrained(tmp)
             written = check_saved_dtypes(tmp, mode, head_param_names(policy))
+        if saver:
+            saver.publish(snapshot_outputs)
         write_text(out_dir / "metrics.jsonl", live_metrics.read_text(encoding="utf-8"))
         heldout_lines = []
         if heldout is not None:
@@ -426,6 +442,7 @@ def run(
             "sampler_gap": gap_summary(metrics),
             "loss_scale": scaler_summary(metrics),
             "heldout": heldout_record(heldout, heldout_lines),
+            "snapshots": sorted(snapshot_outputs),
         }
         write_json(out_dir / "run.json", record)
         shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -458,6 +475,8 @@ def from_snakemake(smk) -> None:
         "ckpt_dir": str(smk.params.checkpoints),
         "verifier": dict(smk.params.verifier),
         "heldout": dict(smk.params.heldout),
+        # the snapshot steps of this run and their output folders (rule train_snapshots; else none)
+        "snapshots": {str(k): str(v) for k, v in dict(smk.params.snapshots).items()},
     }
     # the world size the rule planned (resources.train_processes): a param, so a new one retrains
     run_or_launch(job, int(smk.params.processes), smk.threads, smk.log[0] if len(smk.log) else None)

@@ -6,6 +6,7 @@ samples are near uniform over the vocabulary, so two streams that differ give di
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from conftest import VLLM_TINY
 from workflow_scripts.models.generation import sample_completions
 from workflow_scripts.models.modeling import build_char_tokenizer, build_tiny_llama, load_tokenizer
 from workflow_scripts.models.vllm_backend import sample_completions_vllm, sample_seed
+from workflow_scripts.training.precision import PrecisionError, PrecisionMode
 
 pytestmark = pytest.mark.vllm
 
@@ -73,18 +75,133 @@ def test_greedy_sends_one_sample_per_prompt_and_matches_the_hf_greedy_tokens(mod
     model = AutoModelForCausalLM.from_pretrained(model_dirs["float32"], dtype=torch.float32)
     tokenizer = load_tokenizer(model_dirs["float32"])
     hf = sample_completions(model, tokenizer, prompts, n_samples=1, max_new_tokens=8)
+
     def fields(c):
         return c.token_ids, c.text, c.num_tokens, c.truncated, c.stop_token_id
 
     assert [fields(c) for c in completions[::3]] == [fields(c) for c in hf]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_engine_reports_the_dtypes_it_really_runs(model_dirs, dtype):
-    _, record = sample(model_dirs[dtype], ["1+1="], n=2, seed=0, dtype=dtype)
+FP32_ARM = PrecisionMode("fp32", "float32", deterministic=True)
+
+
+def contract_refusal(record: dict, mode: PrecisionMode = FP32_ARM) -> str | None:
+    """The precision contract's verdict on an engine record under ``mode`` (``ContractCheck``, as the train
+    stage runs it at the first optimizer step): its error, or None when the engine is what the arm says."""
+    from types import SimpleNamespace
+
+    from workflow_scripts.training.precision_contract import ContractCheck, engine_fields, expected_contract
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))  # an fp32 body and head:
+    model.get_output_embeddings = lambda: model[1]  # only the engine's fields can differ
+    expected = expected_contract(mode, device="cpu", world=1, use_vllm=True)
+    probe = SimpleNamespace(record={"enabled": False}, sampling={})
+    check = ContractCheck(mode, expected, model, probe, engine=lambda: engine_fields(record))
+    optimizer = torch.optim.AdamW(model.parameters())
+    check.on_train_begin(None, None, None, optimizer=optimizer)
+    model(torch.ones(1, 2)).sum().backward()
+    try:
+        optimizer.step()
+    except PrecisionError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("dtype,deterministic", [("float32", True), ("bfloat16", False)])
+def test_the_engine_reports_what_its_worker_really_runs(model_dirs, dtype, deterministic, monkeypatch):
+    """Read from the worker's attention layers and KV-cache tensors, not the config (whose cache_dtype
+    is "auto"): an fp32 engine computes attention in fp32 over an fp32 cache with IEEE fp32 products and
+    passes an fp32 arm's contract; a bf16 engine is refused by it. The engine runs under the job's
+    deterministic algorithms, never batch-invariant (even when the job inherited VLLM_BATCH_INVARIANT=1),
+    and compiles into the job's own cache."""
+    from workflow_scripts.models import vllm_engine
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        _, record = sample(model_dirs[dtype], ["1+1="], n=2, seed=0, dtype=dtype)
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert record["model_dtype"] == record["kv_cache_dtype"] == record["lm_head_dtype"] == dtype
+    assert record["attention_dtype"] == record["runner_kv_cache_dtype"] == dtype
+    assert record["kv_cache_tensors"] == record["attention_layers"] == VLLM_TINY["num_layers"]
+    assert record["cache_dtype_setting"] == "auto"
+    # the CPU build: V1 runner (no Triton, so no V2 runner), C++ attention, torch fp32 matmuls "highest"
+    assert (record["model_runner"], record["attention_backend"]) == ("CPUModelRunner", "CPU_ATTN")
+    assert (record["float32_matmul_precision"], record["onednn_matmul_fp32"]) == ("highest", "ieee")
+    assert record["triton_dot_fp32"] is None and record["matmul_precision"] == "ieee"
+    assert record["deterministic_algorithms"] is deterministic and record["batch_invariant"] is False
+    assert record["cache_root"] == vllm_engine.job_cache_root()
+    assert (Path(record["cache_root"]) / "modelinfos").is_dir()  # vLLM wrote its cache there
     assert record["kv_cache_memory_bytes"] == int(ENGINE["kv_cache_gb"] * 2**30)
     assert record["max_model_len"] == 64 and record["enforce_eager"] is True
+    refusal = contract_refusal(record)
+    if dtype == "float32":
+        assert refusal is None
+    else:
+        assert refusal == (
+            "precision 'fp32': contract violated: rollout_dtype: expected float32, observed bfloat16; "
+            "kv_cache_dtype: expected float32, observed bfloat16; engine_attention_dtype: expected float32, "
+            "observed bfloat16; engine_deterministic: expected True, observed False; sampler_lm_head_dtype: "
+            "expected float32, observed bfloat16"
+        )
+
+
+def test_an_engine_whose_worker_sets_tf32_is_recorded_and_refused_by_an_fp32_arm(model_dirs, monkeypatch):
+    """vLLM's worker sets torch's fp32 matmul precision for the whole process from
+    VLLM_FLOAT32_MATMUL_PRECISION (its CPU worker too): "high" gives TF32 (oneDNN's tf32 mode on a CPU);
+    the record reads it from the worker's process and the fp32 arm's contract refuses the engine."""
+    import vllm
+
+    from workflow_scripts.models.vllm_engine import (
+        engine_kwargs,
+        engine_record,
+        free_memory,
+        keep_threads,
+        prepare_process,
+        release,
+    )
+
+    prepare_process()
+    monkeypatch.setenv("VLLM_FLOAT32_MATMUL_PRECISION", "high")  # after prepare_process, as a stray job env
+    try:
+        with keep_threads(1):
+            llm = vllm.LLM(model=model_dirs["float32"], dtype="float32", seed=0, **engine_kwargs(ENGINE, "e"))
+        try:
+            record = engine_record(llm)
+        finally:
+            release(llm)
+            del llm
+            free_memory()
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert record["float32_matmul_precision"] == "high" and record["onednn_matmul_fp32"] == "tf32"
+    assert record["matmul_precision"] == "tf32" and record["attention_dtype"] == "float32"
+    assert contract_refusal(record, PrecisionMode("fp32", "float32")) == (  # deterministic: off, as here
+        "precision 'fp32': contract violated: engine_matmul_precision: expected ieee, observed tf32"
+    )
+
+
+def test_batch_invariance_would_replace_the_training_processs_own_kernels(tmp_path):
+    """Why VLLM_BATCH_INVARIANT stays off (``vllm_engine``, "Determinism, decided"): vLLM's switch
+    re-registers aten ops for the whole process, so in a colocated engine the trainer's own softmax would
+    no longer be torch's. Shown on the CPU build in a child process (the overrides cannot be undone)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "os.environ['VLLM_BATCH_INVARIANT'] = '1'\n"
+        "x = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0))\n"
+        "before = torch.softmax(x, -1)\n"
+        "from vllm.model_executor.determinism.batch_invariant import init_batch_invariance\n"
+        "init_batch_invariance()  # what the worker's init runs (gpu_worker.py:1524-1526)\n"
+        "print(torch.equal(torch.softmax(x, -1), before))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False"  # torch.softmax on CPU is vLLM's kernel now
+    assert "batch_invariant.py" in proc.stderr  # torch's warning: the CPU kernel was overridden, and by whom
 
 
 def rss_mb() -> float:

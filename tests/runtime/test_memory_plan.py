@@ -147,12 +147,86 @@ def test_sleep_mode_counts_the_larger_of_the_engine_and_the_trainers_transient_t
     train = small_train()
     train["vllm"] = {**train["vllm"], "sleep_mode": True}
     asleep = memory_plan.train_plan(SMALL, fp32, train, "bfloat16", processes=2, gpu_gib=1.0)
-    terms, _, _ = train_terms(SMALL, fp32, train, "bfloat16", 2, 1.0)
+    train["vllm"]["gpu_memory_utilization"] = 0.9  # a share above the sleeping engine's residue
+    asleep = memory_plan.train_plan(SMALL, fp32, train, "bfloat16", processes=2, gpu_gib=2.0)
+    terms, _, _ = train_terms(SMALL, fp32, train, "bfloat16", 2, 2.0)
     transient = (terms["gathered"] + terms["activations"] + terms["logprob_head"]) * 1.08
-    assert awake["total"] == round(sum(terms.values()) / GiB, 1)
+    residue = GiB + GiB / 2  # the sleeping engine keeps its CUDA graphs and non-torch memory
+    awake_terms, _, _ = train_terms(SMALL, fp32, small_train(), "bfloat16", 2, 1.0)
+    assert awake["total"] == round(sum(awake_terms.values()) / GiB, 1)  # awake: every term, the share too
+    assert asleep["residue"] == 1.5 and awake["residue"] == 0.0
     assert asleep["total"] == round((sum(terms.values()) - terms["vllm"] - transient
-                                     + max(terms["vllm"], transient)) / GiB, 1)  # fmt: skip
-    assert asleep["vllm"] == awake["vllm"]  # the table still shows the engine's share
+                                     + max(terms["vllm"], transient + residue)) / GiB, 1)  # fmt: skip
+    assert asleep["total"] == round((sum(terms.values()) - transient) / GiB, 1)  # the share (1.8) is larger
+    assert asleep["vllm"] == 1.8  # the table still shows the engine's share
+    train["vllm"]["gpu_memory_utilization"] = (
+        0.5  # a share (1.0) below the residue: residue + transient count
+    )
+    small = memory_plan.train_plan(SMALL, fp32, train, "bfloat16", processes=2, gpu_gib=2.0)
+    terms, _, _ = train_terms(SMALL, fp32, train, "bfloat16", 2, 2.0)
+    assert small["total"] == round((sum(terms.values()) - terms["vllm"] + residue) / GiB, 1)
+    assert memory_plan.residue_bytes(SMALL, "float32", small_train(use_vllm=False), 2) == 0
+
+
+def test_the_gradient_term_follows_the_accumulation_mode():
+    """FSDP with gradient_sync every_micro_batch (the default; sync_each_batch): the shard P x p / G;
+    last_micro_batch (transformers' no_sync): the whole unsharded gradient on every GPU; DDP: whole."""
+    p = 1352
+    fp32 = {"param_dtype": "float32", "autocast": None}
+    sharded, _, _ = train_terms(SMALL, fp32, small_train(), "bfloat16", 2, 1.0)
+    every = small_train(distributed={"strategy": "fsdp", "gradient_sync": "every_micro_batch"})
+    last = small_train(distributed={"strategy": "fsdp", "gradient_sync": "last_micro_batch"})
+    assert (
+        sharded["gradients"]
+        == train_terms(SMALL, fp32, every, "bfloat16", 2, 1.0)[0]["gradients"]
+        == p * 4 / 2
+    )
+    assert train_terms(SMALL, fp32, last, "bfloat16", 2, 1.0)[0]["gradients"] == p * 4
+    assert (
+        memory_plan.gradient_mode(every, 2) == "sharded" and memory_plan.gradient_mode(last, 2) == "unsharded"
+    )
+    ddp = small_train(distributed={"strategy": "ddp", "gradient_sync": "every_micro_batch"})
+    assert memory_plan.gradient_mode(ddp, 2) == "replicated"
+    assert train_terms(SMALL, fp32, ddp, "bfloat16", 2, 1.0)[0]["gradients"] == p * 4
+
+
+def test_the_trainer_gets_sync_each_batch_exactly_when_the_plan_counts_sharded_gradients(tmp_path):
+    """grpo_config passes accelerate's sync_each_batch (transformers' accelerator_config) under fsdp with
+    every_micro_batch, and nothing otherwise: the plan's gradient mode is what the trainer runs."""
+    from conftest import load_test_config
+
+    from workflow_scripts.training.grpo_config import grpo_config
+    from workflow_scripts.training.precision import PrecisionMode
+
+    mode = PrecisionMode.from_config("fp32", {"param_dtype": "float32", "autocast": None})
+    train = validate_config(load_test_config(), check_files=False)["train"]
+    cases = [("fsdp", "every_micro_batch", {"sync_each_batch": True}), ("fsdp", "last_micro_batch", None),
+             ("ddp", "every_micro_batch", None)]  # fmt: skip
+    for strategy, sync, expected in cases:
+        train["distributed"] = {"processes": 2, "strategy": strategy, "gradient_sync": sync}
+        args = grpo_config(train, mode, 1, tmp_path, world_size=2)
+        assert args.accelerator_config.gradient_accumulation_kwargs == expected, (strategy, sync)
+        planned = "sharded" if expected else "unsharded" if strategy == "fsdp" else "replicated"
+        assert memory_plan.gradient_mode(train, 2) == planned
+
+
+def test_the_documented_tensor_parallel_fallback_fits_only_with_sharded_gradients():
+    """docs/gpu-and-slurm.md's fallback (tensor parallelism 2 at share 0.35, no sleep mode) fits with the
+    gradients reduce-scattered every micro-batch; with transformers' no_sync (last_micro_batch) every GPU
+    would hold the fp32 arm's whole 28.4 GiB gradient and the config is refused, naming the mode."""
+    raw = yaml.safe_load((REPO / "config.paper.yaml").read_text())
+    raw["train"]["vllm"].update(gpu_memory_utilization=0.35, sleep_mode=False, tensor_parallel_size=2)
+    config = validate_config(copy.deepcopy(raw), source="tp2.yaml", check_files=False)
+    plans = memory_plan.plans(config)
+    assert plans["fp32"]["total"] == 67.6 and plans["fp32"]["gradients"] == 3.5  # the docs' numbers
+    assert plans["fp32"]["engine"]["fits_sequences"] == 46
+    raw["train"]["distributed"]["gradient_sync"] = "last_micro_batch"
+    with pytest.raises(ConfigError) as err:
+        validate_config(copy.deepcopy(raw), source="tp2.yaml", check_files=False)
+    text = str(err.value)
+    assert "tp2.yaml: resources.train.gpus: arm 'fp32' needs 94.4 GiB per GPU" in text
+    assert "gradients 28.4" in text and "gradients: UNSHARDED" in text
+    assert "train.distributed.gradient_sync: every_micro_batch" in text
 
 
 def test_the_paper_fp32_total_matches_a_hand_computation():
@@ -188,6 +262,9 @@ def test_the_gpu_configs_plan_per_arm_and_fit_gpus_of_80_gb(name):
     table = memory_plan.table(config)
     assert "| fp32 |" in table and "| bf16 |" in table and "B parameters" in table
     assert "| fp32 | float32 |" in table and "sequences the share holds" in table
+    fsdp = config["train"]["distributed"]["strategy"] == "fsdp"
+    assert ("gradients: sharded, P x bytes / processes" in table) == fsdp  # the accumulation mode, printed
+    assert ("sleeping engine's residue" in table) == config["train"]["vllm"]["sleep_mode"]
     doc = (REPO / "docs" / "gpu-and-slurm.md").read_text()  # the docs' plan tables are this code's numbers
     for line in table.splitlines():
         if line.startswith(("| fp32 ", "| bf16 ")):

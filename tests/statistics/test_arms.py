@@ -43,7 +43,7 @@ def test_the_default_takes_the_bf16_bundle_apart_into_single_factor_arms():
         "bf16": "single factor",
         "fp32_drop": "single factor",
         "bf16_sr": "single factor",
-    }  # the separately seeded twin is in config.controls.yaml only: the default's null is its 16-seed reference
+    }  # the separately seeded twin: config.controls.yaml only (the default's null: its 16-seed reference)
     assert block["bf16_drop"]["effects"] == ["rounding stall (bf16 masters, round-to-nearest)", "dropout 0.1"]
     assert block["bf16"]["effects"] == ["rounding stall (bf16 masters, round-to-nearest)"]
     assert block["bf16_sr"]["effects"] == ["precision noise (bf16 masters, stochastic rounding)"]

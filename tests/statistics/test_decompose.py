@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from workflow_scripts.statistics import arms as am
 from workflow_scripts.statistics import decompose as dc
@@ -112,3 +113,54 @@ def test_missing_or_zero_kl_leaves_out_the_log_scale_only():
     t.loc[(t["role"] == "off_task") & (t["run"] == "bf16-s1"), "kl"] = 0.0
     bundle = decomposed(t)["bundles"]["bf16_drop"]
     assert "off_task_log_kl" not in bundle and "on_task_dJ" in bundle
+
+
+def test_a_contrast_between_arms_on_different_bases_carries_the_bases_noise():
+    """bf16 arms are measured from base-bfloat16: bf16 - fp32 adds both bases' eval noise to its SE; the
+    interaction (bf16_drop - bf16 - fp32_drop + fp32) cancels the bases and adds none."""
+    t = table()
+    base_of = {"bf16_drop": "base-bfloat16", "bf16": "base-bfloat16", "bf16_sr": "base-bfloat16"}
+    t["reference_run"] = t["precision"].map(base_of).fillna("base")
+    base = pd.DataFrame(
+        [
+            {"run": b, "task": task, "noise": 4e-4}
+            for b in ("base", "base-bfloat16")
+            for task in ("add", "mul", "chain")
+        ]
+    )
+    bases = dc.base_noise(t, base, list(SPECS))
+    assert bases["bf16"]["base"] == "base-bfloat16" and bases["fp32"]["base"] == "base"
+    plain = decomposed(t)["main_effects"]["bf16"]["on_task_dJ"]
+    out = dc.decompose(t, TASKS, am.arms_block(SPECS, list(SPECS)), 0.05, bases)
+    noisy = out["main_effects"]["bf16"]["on_task_dJ"]
+    assert noisy["base_var"] == pytest.approx(8e-4)
+    assert noisy["se"] ** 2 == pytest.approx(plain["se"] ** 2 + 8e-4)
+    assert "base_var" not in out["main_effects"]["fp32_drop"]["on_task_dJ"]  # same base as fp32
+    assert "base_var" not in out["bundles"]["bf16_drop"]["on_task_dJ"]["interaction"]
+
+
+def test_carries_the_most_needs_the_difference_of_the_two_parts_shown():
+    """Stall -0.09 vs dropout -0.08 with a small spread: the difference is shown; with the parts equal
+    (-0.09 each, a large noise) it is not, and carries_most says so."""
+    q = decomposed(table(sd=0.002))["bundles"]["bf16_drop"]["on_task_dJ"]
+    (d,) = q["part_differences"].values()
+    assert (d["first"], d["second"]) == ("bf16", "fp32_drop") and d["ci"][0] > 0
+    assert q["carries_most"]["supported"] and q["carries_most"]["arm"] == "bf16"
+    equal = table(sd=0.03)
+    equal.loc[equal["precision"] == "fp32_drop", "dJ"] += STALL - DROPOUT
+    q = decomposed(equal)["bundles"]["bf16_drop"]["on_task_dJ"]
+    assert not q["carries_most"]["supported"] and "reaches 0" in q["carries_most"]["reason"]
+
+
+def test_an_off_task_task_training_does_not_move_is_inert_and_a_moved_one_is_not():
+    """mcq at chance: dJ only its eval noise, KL a thousandth of the other tasks': inert; mul is not."""
+    from workflow_scripts.statistics import scopes as sc
+
+    rng = np.random.default_rng(5)
+    t = table()
+    mcq = t[t["task"] == "mul"].assign(task="mcq")
+    mcq = mcq.assign(dJ=rng.normal(0, np.sqrt(1e-5), len(mcq)), kl=1e-4)
+    t = pd.concat([t, mcq], ignore_index=True)
+    inert = sc.inert_tasks(t, "fp32", ["mul", "chain", "mcq"], {"mcq": 1e-5}, 0.05)  # base eval noise
+    assert list(inert) == ["mcq"] and inert["mcq"]["kl_share_of_largest"] < 0.01
+    assert sc.inert_tasks(t, "fp32", ["mul", "chain"], {}, 0.05) == {}

@@ -1,5 +1,5 @@
 """The verdicts' words and corrections: Holm's adjusted p (against statsmodels), findings from intervals,
-and when the absolute and matched-drift scales disagree."""
+and the primary family's correction of larger and smaller together."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_holm_leaves_out_untested_arms_and_a_single_test_is_unchanged():
     assert vd.holm({"a": 0.01, "b": None}) == {"a": 0.01}
     assert vd._corrected("supported", "why", 0.03, 1, 0.05) == ("supported", "why")
     v, why = vd._corrected("supported", "why", 0.06, 4, 0.05)
-    assert v == "inconclusive" and "not after Holm's correction over the 4 arms" in why
+    assert v == "inconclusive" and "not after Holm's correction over the 4 variance claims" in why
     assert vd._corrected("contradicted", "why", 0.9, 4, 0.05) == ("contradicted", "why")
 
 
@@ -63,16 +63,30 @@ def test_h1_findings_name_the_mean_or_the_variance_that_differs():
     assert vd.finding_h1("supported", equal, _model(0.8, 1.2), {}, CFG) == "equivalent"
 
 
-@pytest.mark.parametrize(
-    ("absolute", "drift", "agree"),
-    [
-        ("smaller", "larger", False),
-        ("larger", "not larger than r0=2", False),
-        ("smaller", "not larger than r0=2", True),
-        ("larger", "larger", True),
-        ("smaller", "inconclusive", None),
-        ("not testable", "larger", None),
-    ],
-)
-def test_the_scales_disagree_only_where_one_finds_larger_and_the_other_does_not(absolute, drift, agree):
-    assert vd.scales_agree(absolute, drift) is agree
+def _comp(ratio: float, ci: tuple[float, float], p: float, p_smaller: float, p_r0: float) -> dict:
+    model = {**_model(*ci), "ratio": ratio, "p": p, "p_smaller": p_smaller, "p_below_r0": p_r0}
+    return {"dJ_model": model, "dJ_var": {}, "kl_model": model, "kl_var": {}}
+
+
+def test_smaller_and_larger_are_corrected_together_and_an_inconclusive_says_why():
+    """One family over H2 and H3 of two arms (4 claims): a 'smaller' at p 0.03 survives no Holm
+    step with a 0.01 beside it (4 x 0.01 = 0.04, then 2 x 0.03 = 0.06), and its reason names the
+    adjusted p; a bound at p 0.001 still reads 'not larger than r0'."""
+    big = _comp(5.0, (1.5, 12.0), 0.01, 1.0, 1.0)
+    small = _comp(0.3, (0.1, 0.9), 1.0, 0.03, 0.3)
+    bounded = _comp(0.3, (0.1, 0.9), 1.0, 0.03, 0.001)
+    by_role = {"off_task": {"comparisons": {"a": big, "b": small}}}
+    adj = vd.family_adjusted(by_role, ["ref", "a", "b"], {}, ("H2", "H3"))
+    assert adj["differences"][("H2", "a")] == pytest.approx(0.04)
+    v, finding, why, p = vd.judge_variance(small, "H2", CFG, adj, ("H2", "b"))
+    assert (v, finding) == ("inconclusive", "inconclusive") and p == pytest.approx(0.06)
+    assert "lies below 1 uncorrected, but not after Holm over the 4 variance claims" in why
+    assert "adjusted p=0.06" in why
+    v, finding, _, _ = vd.judge_variance(big, "H2", CFG, adj, ("H2", "a"))
+    assert (v, finding) == ("supported", "larger")
+    by_role = {"off_task": {"comparisons": {"a": big, "b": bounded}}}
+    adj = vd.family_adjusted(by_role, ["ref", "a", "b"], {}, ("H2", "H3"))
+    v, finding, why, _ = vd.judge_variance(bounded, "H3", CFG, adj, ("H3", "b"))
+    assert (v, finding) == ("contradicted", "not larger than r0=2")
+    assert "'smaller' is not after Holm" in why
+    assert vd.family_size(4, ["H2", "H3"]) == 8

@@ -1,14 +1,14 @@
-""" "What this run says": sentences generated from stats.json, for each verdict pattern (failed gate, larger,
-smaller at one scale only, scales disagreeing, a failed null twin), and from a real analysis."""
+""" "What this run says": bullets generated from stats.json, for each pattern (failed gate, carries the most
+shown or not, smaller with and without the movement-matched comparison, inconclusive after Holm, no
+yardstick), and from a real analysis."""
 
 from __future__ import annotations
 
 import copy
 import re
 
-import numpy as np
 import pandas as pd
-from test_decompose import SPECS, STALL, table
+from test_decompose import SPECS, table
 
 from workflow_scripts import stats
 from workflow_scripts.statistics import arms as am
@@ -22,54 +22,78 @@ def _comp(ratio: float, lo: float, hi: float) -> dict:
     return {"status": "ok", "ratio": ratio, "ratio_ci": [lo, hi]}
 
 
-def _by_arm(finding: str, drift: str, agree: bool | None) -> dict:
+YARD = {"status": "ok", "q05": 0.41, "q95": 2.6, "share_as_extreme": 0.3, "splits": 200}
+POWER = {"status": "ok", "target": 0.8, "mde_ratio": 6.0, "seeds_needed_r0": 32, "max_seeds": 128}
+
+
+def _by_arm(finding: str, holm_p: float | None = None, reason: str = "") -> dict:
     verdict = {"larger": "supported", "smaller": "contradicted"}.get(finding, "inconclusive")
     return {
         "verdict": verdict,
         "finding": finding,
-        "matched_drift": {"scale": "log KL", "finding": drift, "ratio": 4.9, "ratio_ci": [1.9, 12.0]},
-        "scales_agree": agree,
-        "twins": {"fp32_twin": {"ratio": 1.3, "ratio_ci": [0.5, 3.1]}},
+        "reason": reason,
+        "holm_p": holm_p,
+        "yardstick": YARD,
+        "twins": {},
     }
 
 
 def base_stats() -> dict:
-    """A passed gate, the bundle taken apart (the stall carries most), every variance inconclusive."""
+    """A passed gate, the bundle taken apart (the stall shown to carry most), every variance
+    inconclusive, a 16-seed reference (yardstick) and 8-seed arms."""
     c = {"status": "ok", "p": 0.5}
     contrast = lambda m: {**c, "mean": m, "ci": [m - 0.02, m + 0.02]}  # noqa: E731
     others = [a for a in SPECS if a not in ("fp32", "fp32_twin")]
-    comps = {a: _comp(1.1, 0.4, 3.0) for a in SPECS}
+    comps = {a: {**_comp(1.1, 0.4, 3.0), "power": POWER, "yardstick": YARD} for a in others}
+    diff = {"first": "bf16", "second": "fp32_drop", **contrast(0.03)}
     return {
         "reference": "fp32",
-        "config": {"alpha": 0.05},
+        "config": {
+            "alpha": 0.05,
+            "variance_ratio_margin": 2.0,
+            "decisive": {"config": "config.decisive.yaml", "seeds": 48, "mde_ratio": 2.0},
+        },
+        "n": {"seeds": {"fp32": 16, **{a: 8 for a in others}}},
+        "primary": {"family_size": 8},
         "arms": ARMS,
-        "gate": {"passed": True, "arm": "fp32", "mean": 0.313, "se": 0.005, "n_seeds": 8},
+        "gate": {"passed": True, "arm": "fp32", "mean": 0.313, "se": 0.005, "n_seeds": 16},
         "decomposition": {
             "status": "ok",
             "reference": "fp32",
+            "quantities": {
+                "on_task_dJ": "on-task dJ",
+                "off_task_dJ": "off-task dJ",
+                "off_task_log_kl": "log off-task KL",
+            },
             "main_effects": {
-                "bf16": {"effect": ARMS["bf16"]["effects"][0], "on_task_dJ": contrast(-0.089)},
-                "fp32_drop": {"effect": "dropout 0.1", "on_task_dJ": contrast(-0.078)},
+                "bf16": {
+                    "effect": ARMS["bf16"]["effects"][0],
+                    "on_task_dJ": contrast(-0.089),
+                    "off_task_dJ": contrast(-0.01),
+                },
+                "fp32_drop": {"effect": "dropout 0.1", "on_task_dJ": contrast(-0.058)},
                 "bf16_sr": {"effect": ARMS["bf16_sr"]["effects"][0], "on_task_dJ": contrast(-0.003)},
             },
             "bundles": {
                 "bf16_drop": {
                     "status": "ok",
+                    "parts": {"masters": "bf16", "dropout": "fp32_drop"},
                     "on_task_dJ": {
                         "bundle": contrast(-0.19),
-                        "parts": {"bf16": contrast(-0.089), "fp32_drop": contrast(-0.078)},
+                        "parts": {"bf16": contrast(-0.089), "fp32_drop": contrast(-0.058)},
                         "interaction": {**contrast(-0.023), "p": 0.3},
                         "largest_part": "bf16",
+                        "part_differences": {"bf16|fp32_drop": diff},
+                        "carries_most": {"arm": "bf16", "supported": True},
                     },
+                    "off_task_dJ": {"bundle": contrast(-0.02), "interaction": contrast(-0.011)},
+                    "off_task_log_kl": {"bundle": contrast(-2.1), "interaction": contrast(-0.54)},
                 }
             },
         },
-        "mixed_model": {"off_task": {q: {"comparisons": dict(comps)} for q in ("dJ", "kl")}},
-        "verdicts": {
-            h: {"by_arm": {a: _by_arm("inconclusive", "inconclusive", None) for a in others}}
-            for h in ("H2", "H3")
-        },
-        "controls": {"fp32_twin": {"kind": "negative", "passed": True}},
+        "mixed_model": {"off_task": {q: {"comparisons": copy.deepcopy(comps)} for q in ("dJ", "kl")}},
+        "verdicts": {h: {"by_arm": {a: _by_arm("inconclusive") for a in others}} for h in ("H2", "H3")},
+        "controls": {},
     }
 
 
@@ -79,19 +103,47 @@ def sentences(s: dict) -> list[str]:
     return out
 
 
-def test_the_summary_names_the_arms_the_largest_effect_and_the_factor_that_carries_it():
+def test_the_summary_is_bullets_in_the_issue_order_with_short_factor_names():
     out = sentences(base_stats())
-    assert 3 <= len(out) <= 8
-    assert out[0].startswith("Arms, each against the reference fp32")
-    assert "bf16_drop = rounding stall (bf16 masters, round-to-nearest) + dropout 0.1 (a bundle)" in out[0]
-    assert "fp32_twin = fp32 again with other seeds (a null twin)" in out[0]
-    assert out[1].startswith("Training worked: fp32's on-task dJ is +0.313")
-    largest = out[2]
-    assert "bf16_drop's: dJ -0.19 [-0.21, -0.17]" in largest
-    assert "rounding stall (bf16 masters, round-to-nearest) carries the most" in largest
-    assert "the parts add up" in largest
-    assert any("the null twin fp32_twin gets 1.3x [0.5, 3.1]" in x for x in out)
-    assert out[-1].startswith("The null twin (fp32_twin) is not called larger")
+    assert 5 <= len(out) <= 8
+    assert out[0] == (
+        "What this run can detect: at 8 seeds per arm against 16 of fp32, the smallest off-task "
+        "seed-variance ratio found with 80% power is 6x (Holm over the 8 variance claims of the primary "
+        "family); the variance questions are answered by `config.decisive.yaml` (48 seeds per arm, "
+        "measured MDE 2x)."
+    )
+    assert out[1].startswith("Training worked (fp32 on-task dJ +0.313 ± 0.005 SE, 16 seeds). Mean dJ")
+    assert "stall (bf16) -0.089 [-0.109, -0.069] / -0.01 [-0.03, 0.01]" in out[1]
+    assert "SR noise (bf16_sr) -0.003" in out[1] and "dropout (fp32_drop) -0.058" in out[1]
+    assert "stall + dropout (bf16_drop) -0.19 [-0.21, -0.17]" in out[1]
+    assert out[2] == (
+        "Which factor carries the most, tested as the difference of their effects: bf16_drop on-task: "
+        "stall carries the most (|stall| − |dropout| +0.03 [0.01, 0.05])."
+    )
+    assert out[3] == (
+        "Interaction [95% CI]: bf16_drop − stall − dropout: on-task -0.023 [-0.043, -0.003], off-task "
+        "-0.011 [-0.031, 0.009], log KL -0.54 [-0.56, -0.52]."
+    )
+    assert out[4].startswith("Seed variance of off-task dJ against fp32 (H2, absolute scale, Holm over 8): ")
+    assert "bf16_drop inconclusive, 1.1x [0.4, 3] (chance [0.41, 2.6]x, 0.3 of splits as extreme)" in out[4]
+    assert out[5].startswith("Seed variance of off-task KL")
+    assert out[-1] == (
+        "Seeds per arm needed to find a 2x ratio with 80% power: off-task dJ 32; off-task KL 32."
+    )
+    assert not any("add up" in x or "matched drift" in x for x in out)
+
+
+def test_carries_the_most_is_not_said_where_the_difference_is_not_shown():
+    s = base_stats()
+    b = s["decomposition"]["bundles"]["bf16_drop"]["on_task_dJ"]
+    b["part_differences"]["bf16|fp32_drop"].update(mean=0.003, ci=[-0.01, 0.016])
+    b["carries_most"] = {"arm": "bf16", "supported": False}
+    out = " ".join(sentences(s))
+    assert "carries the most (" not in out
+    assert (
+        "bf16_drop on-task: no factor is shown to carry more (|stall| − |dropout| +0.003 [-0.01, 0.016])"
+        in out
+    )
 
 
 def test_a_failed_gate_says_nothing_is_testable_and_stops_there():
@@ -101,87 +153,67 @@ def test_a_failed_gate_says_nothing_is_testable_and_stops_there():
         for b in v["by_arm"].values():
             b.update(verdict="not testable", finding="not testable")
     out = sentences(s)
-    assert "every verdict is 'not testable'" in out[1] and "fp32 on-task dJ -0.01" in out[1]
-    assert not any("Seed variance" in x or "null twin (" in x for x in out)
+    assert len(out) == 2 and "every verdict is 'not testable'" in out[1]
+    assert not any("Seed variance" in x for x in out)
 
 
-def test_smaller_only_in_absolute_terms_is_said_with_what_not_to_conclude():
+def test_smaller_is_read_against_the_movement_matched_comparison_or_says_it_is_missing():
     s = base_stats()
-    s["verdicts"]["H3"]["by_arm"]["bf16_drop"] = _by_arm("smaller", "inconclusive", None)
-    s["mixed_model"]["off_task"]["kl"]["comparisons"]["bf16_drop"] = _comp(0.02, 0.009, 0.049)
+    s["verdicts"]["H3"]["by_arm"]["bf16_drop"] = _by_arm("smaller")
+    s["mixed_model"]["off_task"]["kl"]["comparisons"]["bf16_drop"].update(_comp(0.02, 0.009, 0.049))
     out = " ".join(sentences(s))
-    assert "smaller for bf16_drop (0.02x [0.009, 0.049])" in out
-    assert "bf16_drop's off-task KL is smaller only in absolute terms, inconclusive at matched drift" in out
-    assert "Do not read a smaller absolute variance as more stable training" in out
-    assert "bf16_drop also learns less on-task" in out
-
-
-def test_scales_that_disagree_are_flagged():
-    s = base_stats()
-    s["verdicts"]["H3"]["by_arm"]["bf16_drop"] = _by_arm("smaller", "larger", False)
+    assert "bf16_drop smaller, 0.02x [0.009, 0.049]" in out
+    assert "the movement-matched comparison is not available in this run" in out
+    s["matched"] = {"status": "ok", "by_arm": {"bf16_drop": {"finding": "not larger than r0", "ratio": 0.9,
+                                                            "ratio_ci": [0.4, 1.8]}}}  # fmt: skip
     out = " ".join(sentences(s))
-    assert "The scales disagree: bf16_drop's off-task KL is smaller in absolute terms but larger at " in out
-    assert "log KL ratio 4.9x [1.9, 12]" in out
+    assert "At equal movement (the reference's checkpoints at the arm's off-task KL): bf16_drop not larger " \
+        "than r0, 0.9x [0.4, 1.8]." in out  # fmt: skip
 
 
-def test_a_larger_finding_and_a_failed_null_twin_are_both_said():
+def test_an_inconclusive_not_after_holm_gives_its_adjusted_p_and_no_yardstick_is_said():
     s = base_stats()
-    s["verdicts"]["H2"]["by_arm"]["fp32_drop"] = _by_arm("larger", "larger", True)
-    s["mixed_model"]["off_task"]["dJ"]["comparisons"]["fp32_drop"] = _comp(2.73, 1.35, 5.05)
-    s["controls"]["fp32_twin"]["passed"] = False
-    out = sentences(s)
-    assert any("larger for fp32_drop (2.73x [1.35, 5.05])" in x for x in out)
-    assert out[-1].startswith("The null twin fp32_twin was called larger than the reference")
-    assert len(out) <= 8
+    s["verdicts"]["H2"]["by_arm"]["fp32_drop"] = _by_arm(
+        "inconclusive", 0.056, "...; its interval lies above 1 uncorrected, but not after Holm ..."
+    )
+    why = "the reference has 8 seeds, fewer than twice the arm's 8: no null yardstick"
+    s["verdicts"]["H2"]["by_arm"]["fp32_drop"]["yardstick"] = {"status": "skipped", "reason": why}
+    out = " ".join(sentences(s))
+    assert "fp32_drop inconclusive (not after Holm, adjusted p 0.056), 1.1x [0.4, 3] (no yardstick: the " \
+        "reference has 8 seeds, fewer than twice the arm's 8)" in out  # fmt: skip
 
 
 def test_without_arm_descriptions_or_decomposition_the_summary_still_reads():
     s = copy.deepcopy(base_stats())
     del s["arms"], s["decomposition"]
     out = sentences(s)
-    assert out[0].startswith("Training worked") and len(out) >= 3
+    assert out[1].startswith("Training worked") and 4 <= len(out) <= 8
 
 
 def test_the_summary_of_a_real_analysis_reads_its_numbers_from_stats():
-    """analyze() on a table with planted effects (stall -0.09, dropout -0.08, additive): the summary says
-    the bundle's on-task effect with the interval stats.json has and that the stall carries the most."""
-    t = table().rename(columns={"noise": "eval_noise_var", "kl": "kl_rb", "kl_var": "kl_rb_mc_var"})
-    cfg = {"bootstrap": 50, "power_simulations": 0, "permutations": 50}
+    """analyze() on a table with planted effects (stall -0.09, dropout -0.08, additive, 10 seeds a arm,
+    20 of the reference): bullets with stats.json's intervals, the stall shown to carry the most, the
+    null yardstick beside every variance ratio."""
+    t = table(n_seeds=20).rename(columns={"noise": "eval_noise_var", "kl": "kl_rb", "kl_var": "kl_rb_mc_var"})
+    t = t[(t["precision"] == "fp32") | (t["seed"] <= 10)]
+    cfg = {"bootstrap": 50, "power_simulations": 0, "null_splits": 30}
     out = stats.json_safe(stats.analyze(t, cfg, precisions=SPECS))
-    text = " ".join(summary.summary_sentences(out))
+    bullets = summary.summary_sentences(out)
+    assert 5 <= len(bullets) <= 8
+    text = " ".join(bullets)
     bundle = out["decomposition"]["bundles"]["bf16_drop"]["on_task_dJ"]["bundle"]
-    assert f"bf16_drop's: dJ {summary._effect(bundle)}" in text
-    assert bundle["ci"][0] < 2 * STALL < bundle["ci"][1] + 0.03
-    assert "rounding stall (bf16 masters, round-to-nearest) carries the most" in text
-    assert re.search(r"Seed variance of off-task KL .*null twin fp32_twin gets", text)
+    assert f"stall + dropout (bf16_drop) {summary._effect(bundle)}" in text
+    assert "bf16_drop on-task: stall carries the most" in text
+    assert re.search(r"Seed variance of off-task KL .*bf16_drop \w.*\(chance \[", text)
     for h in ("H2", "H3"):
         for b in out["verdicts"][h]["by_arm"].values():
-            assert b["scale"] == "absolute" and b["matched_drift"]["scale"].startswith("off-task")
-            assert b["finding"] in ("larger", "smaller", "inconclusive") or b["finding"].startswith(
-                "not larger"
-            )
-    assert np.isfinite(out["mixed_model"]["off_task"]["log_kl"]["comparisons"]["bf16"]["ratio"])
+            assert b["scale"] == "absolute" and "matched_drift" not in b
+            assert b["yardstick"]["status"] == "ok" and b["yardstick"]["n_ref_seeds"] == 20
+    assert out["primary"]["family_size"] == 2 * 4
+    assert "log_kl" not in out["mixed_model"]["off_task"]
     report_md = summary.arms_section(out) + summary.decomposition_section(out)
     assert "| **bf16_drop** | bundle | bf16 round-to-nearest |" in report_md
     assert "| interaction | bf16_drop − (bf16 + fp32_drop) + 1 x fp32 |" in report_md
-
-
-def test_a_largest_effect_whose_interval_contains_zero_is_said_to_be_none():
-    s = base_stats()
-    s["decomposition"] = {
-        "status": "ok",
-        "reference": "fp32",
-        "main_effects": {
-            "bf16_sr": {
-                "effect": ARMS["bf16_sr"]["effects"][0],
-                "on_task_dJ": {"status": "ok", "mean": -0.002, "ci": [-0.008, 0.003], "p": 0.4},
-            }
-        },
-        "bundles": {},
-    }
-    (largest,) = [x for x in sentences(s) if x.startswith("The largest on-task effect")]
-    assert "bf16_sr's: dJ -0.002 [-0.008, 0.003]" in largest
-    assert "its interval contains 0: no arm changes the on-task mean detectably" in largest
 
 
 def test_each_arm_says_where_its_sampler_trainer_gap_comes_from():
@@ -197,9 +229,8 @@ def test_each_arm_says_where_its_sampler_trainer_gap_comes_from():
     setups = {f"{arm}-s1": am.arm_setup(SPECS[arm]) for arm in SPECS}
     by_arm = gaps_by_arm(pd.DataFrame(rows), list(SPECS), setups)
     s = base_stats()
-    out = summary.summary_sentences(s, by_arm)
-    assert len(out) == len(sentences(s))  # the gaps add no sentence
-    arms = out[0]
+    arms = summary.arms_sentence(s, by_arm)
+    assert arms in summary.arms_section(s, by_arm)  # said under the arm table, not in the bullets
     assert (
         "bf16_drop = rounding stall (bf16 masters, round-to-nearest) + dropout 0.1 (a bundle; mean "
         "sampler-trainer gap 0.574 nats, 36% of tokens outside the clip range, from dropout (train-mode "

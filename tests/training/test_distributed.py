@@ -131,7 +131,8 @@ def test_valid_distributed_settings_pass():
     validate_config(config, source="mine.yaml", check_files=False)
     config = load_test_config()
     validate_config(config, check_files=False)
-    assert config["train"]["distributed"] == {"processes": None, "strategy": "ddp"}  # schema defaults
+    assert config["train"]["distributed"] == {  # schema defaults
+        "processes": None, "strategy": "ddp", "gradient_sync": "every_micro_batch"}  # fmt: skip
 
 
 # ------------------------------------------------------------------------ FSDP: the policy per arm

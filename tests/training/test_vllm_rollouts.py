@@ -79,6 +79,10 @@ def test_the_engine_samples_in_the_arms_dtype_with_the_run_seed_and_its_settings
     assert vllm["used"] and vllm["mode"] == "colocate" and vllm["platform"] == "cpu"
     assert vllm["seed"] == vllm["seed_given"] == vllm_seed(1, 0)  # not TRL's process index (0)
     assert vllm["model_dtype"] == vllm["kv_cache_dtype"] == vllm["lm_head_dtype"] == dtype
+    # read from the engine's worker (vllm_engine.engine_record): its attention, KV-cache tensors, products
+    assert (vllm["attention_backend"], vllm["attention_dtype"]) == ("CPU_ATTN", dtype)
+    assert vllm["matmul_precision"] == "ieee" and vllm["batch_invariant"] is False
+    assert vllm["deterministic_algorithms"] is runs[arm]["run"]["determinism"]["use_deterministic_algorithms"]
     assert vllm["kv_cache_memory_bytes"] == 2**28 and vllm["max_model_len"] == 128
     assert vllm["enforce_eager"] is True
     assert vllm["threads"] == 1 == runs[arm]["run"]["threads"]  # the job's pool, after the engine started

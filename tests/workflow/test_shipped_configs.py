@@ -20,8 +20,9 @@ import pytest
 import yaml
 from conftest import REPO, SNAKEMAKE, log_workflow_run, make_workflow_dir
 
-from workflow_scripts.runtime import paths
+from workflow_scripts.runtime import hub_copies, paths
 from workflow_scripts.runtime.config import load_config
+from workflow_scripts.training.curriculum import data_phases
 
 pytestmark = pytest.mark.slow
 SHIPPED = sorted(p.name for p in REPO.glob("config*.yaml"))
@@ -44,7 +45,11 @@ def expected_jobs(config: dict) -> dict[str, int]:
     trained = sum(len(paths.arm_seeds(config, p)) for p in config["precisions"])  # an arm may have its own
     runs = len(paths.run_names(config))
     assert runs == len(paths.base_runs(config)) + trained
+    fetched = hub_copies.hub_datasets(config["data"], data_phases(config["train"]))  # rules/fetch.smk
+    hub_model = {"fetch_model": 1} if hub_copies.hub_model(config["model"]) else {}
     return {
+        **({"fetch_dataset": len(fetched)} if fetched else {}),
+        **hub_model,
         "prepare_eval": tasks,
         "prepare_train": 1,
         "base_model": 1,

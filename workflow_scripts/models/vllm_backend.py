@@ -4,8 +4,10 @@ It mirrors ``generation.sample_completions``: the same prompt token ids (the HF 
 ``add_special_tokens=False``, passed to vLLM as token prompts), the same end tokens, temperature/top_p and
 nothing else (``generation_config="vllm"``: the model's saved sampling defaults are ignored; repetition
 penalty 1), and the same ``Completion`` records, text decoded by the HF tokenizer. The model runs in
-the run's saved dtype (``dtype=``; vLLM supports float32 and bfloat16). The engine's settings are
-``eval.vllm`` (``vllm_engine``). ``EvalEngine`` starts one engine for a job's prompt sets (every task of
+the run's saved dtype (``dtype=``; vLLM supports float32 and bfloat16), in-process, with IEEE fp32
+products and the job's own compile cache (``vllm_engine.prepare_process``); its record says what the
+worker really ran (attention backend, KV-cache tensors' dtype, matmul precision). The engine's settings
+are ``eval.vllm`` (``vllm_engine``). ``EvalEngine`` starts one engine for a job's prompt sets (every task of
 a run in the per-run evaluate job) and shuts it down when the job's sampling is done.
 
 Seeds. vLLM seeds sample j of a request with n samples as ``request seed + j``
@@ -58,8 +60,8 @@ class EvalEngine:
 
     def __init__(self, model_dir: str | os.PathLike, tokenizer, dtype: str, stop_ids: list[int], seed: int,
                  engine: Mapping | None = None, threads: int | None = None):  # fmt: skip
+        prepare_process()  # before vllm is imported: some of its modules read their variables on import
         vllm = import_vllm()
-        prepare_process()
         settings = dict(engine or {"gpu_memory_utilization": 0.9})
         started = time.perf_counter()
         with keep_threads(threads):

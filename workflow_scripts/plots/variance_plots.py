@@ -73,7 +73,7 @@ def _forest_panel(
     step = 0.6 / max(len(arms), 1)
     finite = [v for r in rows for v in (r["ratio"], r["lo"], r["hi"]) if v is not None and 0 < v < math.inf]
     lo_lim, hi_lim = min([*finite, 1 / margin]) / 1.6, max([*finite, margin]) * 1.6
-    hi_lim *= (hi_lim / lo_lim) ** 0.2  # room for the p-values inside the axes
+    hi_lim *= (hi_lim / lo_lim) ** 0.35  # room for the two columns of p-values inside the axes
     y_text = blended_transform_factory(ax.transAxes, ax.transData)
     small = {"va": "center", "fontsize": 8, "transform": y_text}
     for r in rows:
@@ -88,9 +88,11 @@ def _forest_panel(
             ax.plot([lo, hi], [y, y], color=color, lw=2)
         marker = {"marker": "D", "ms": 8} if r["type"] else {"marker": "o", "ms": 6}
         ax.plot([r["ratio"]], [y], color=color, mec="black", mew=0.6, zorder=4, label=r["arm"], **marker)
-        if r["p"] is not None:
+        if r["p"] is not None and r["type"]:  # per-task rows are descriptive: no p, no crowding
             sig = "*" if r["p"] < alpha else ""
-            ax.text(0.99, y, f"p={r['p']:.2g}{sig}", ha="right", **small)
+            # neighbouring arms' labels sit in two columns, so rows closer than a line never overlap
+            x = 0.99 - 0.1 * (arms.index(r["arm"]) % 2)
+            ax.text(x, y, f"p={r['p']:.2g}{sig}", ha="right", **{**small, "fontsize": 7})
     ax.axvline(1.0, color="0.3", lw=1)
     ax.axvline(margin, color="0.5", lw=1, ls="--")
     x_text = blended_transform_factory(ax.transData, ax.transAxes)

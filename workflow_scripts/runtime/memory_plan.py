@@ -16,7 +16,9 @@ The train job, per GPU (P parameters, p param bytes, c compute bytes, G = proces
 | term        | bytes                                                                                     |
 |-------------|-------------------------------------------------------------------------------------------|
 | weights     | P x p / G                                                                                 |
-| gradients   | P x p / G                                                                                 |
+| gradients   | P x p / G with train.distributed.gradient_sync every_micro_batch (``gradient_sync``); with |
+|             | last_micro_batch under FSDP, P x p: every GPU holds the whole unsharded gradient until the |
+|             | last micro-batch (``gradient_bytes`` cites the source)                                     |
 | optimizer   | 2 x P x p / G (AdamW's two states in the masters' dtype, the contract)                    |
 | reference   | P x model.dtype bytes / G (the KL log's base model, sharded like the policy)              |
 | sampler_copy| the HF sampler's own copy of the policy (an arm with its own sampler_dtype s, no vLLM):   |
@@ -41,7 +43,8 @@ The train job, per GPU (P parameters, p param bytes, c compute bytes, G = proces
 | vllm        | the engine's share: gpu_memory_utilization x the reported total (with kv_cache_gb: its    |
 |             | floor without KV + kv_cache_gb); with train.vllm.sleep_mode the engine frees it while the |
 |             | trainer computes, so the total holds the larger of it and the trainer's transient terms   |
-|             | (gathered + activations + logprob_head, with their fragmentation), not their sum          |
+|             | (gathered + activations + logprob_head, with their fragmentation) plus what the sleeping  |
+|             | engine keeps (``residue``: its CUDA-graph pool and non-torch memory), not their sum       |
 
 b completions per micro-batch and process (prompts_per_step x num_generations / (gradient_accumulation_steps
 x processes)), T tokens a sequence (``sequence_tokens`` where the caller knows the data's longest prompt +
@@ -86,12 +89,31 @@ LOGPROB_VOCAB_CHUNK = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE 
 TRL_MAX_NUM_BATCHED_TOKENS = 4096  # what TRL 1.16's colocate mode passes to vllm.LLM
 ENGINE_GRAPHS = 1 * GiB  # vLLM's CUDA-graph pool for a 1.5-7B model: 0.5-1.5 GiB in its start-up logs
 ENGINE_NON_TORCH = GiB // 2  # the engine's own non-torch memory; doubled under TP (custom all-reduce)
+# What a sleeping engine keeps (``residue``). vLLM 0.30's sleep (v1/worker/gpu_worker.py:245-280,
+# device_allocator/sleep_mode_backend.py CuMemBackend.suspend) frees only the CuMem pool's allocations,
+# tagged "weights" (load_model, gpu_worker.py:502) and "kv_cache" (gpu_worker.py:756); the CUDA-graph pool
+# is captured outside that pool (capture_model, gpu_worker.py:816) and NCCL communicators keep their
+# buffers unless enable_nccl_comm_suspend (config/model.py:350, default False). Measured by others:
+# vllm-project/vllm#56373 ("level-1 cuMem sleep ... leaves graph executables and native CUDA graph pools
+# resident"), #47654 (1.4 GiB graph pool, TP 8), #51485 (NCCL buffers ~1 GiB a rank at TP 4, kept by
+# default). So the residue is the engine's graphs + non_torch terms (ENGINE_GRAPHS, ENGINE_NON_TORCH).
+RESIDUE_TERMS = ("graphs", "non_torch")
+GRADIENT_NOTES = {  # the plan's gradient term per accumulation mode (``gradient_mode``), as the table says it
+    "sharded": "gradients: sharded, P x bytes / processes (train.distributed.gradient_sync: "
+    "every_micro_batch, a reduce-scatter each micro-batch)",
+    "unsharded": "gradients: UNSHARDED, P x bytes on every GPU (train.distributed.gradient_sync: "
+    "last_micro_batch, one reduce-scatter an optimizer step)",
+    "replicated": "gradients: P x bytes on every GPU (no FSDP: each process holds the whole model)",
+}
+GRADIENT_SYNC_DEFAULT = "every_micro_batch"
 SAMPLER_EXTRA_BYTES = 12  # per logit: fp32 copy (4) + probabilities (4) + top-k/top-p sort values (4)
 KEYS_THAT_FIT = (
     "resources.train.gpus (with train.distributed.strategy: fsdp, which shards weights, gradients and "
     "optimizer states)",
     "train.activation_checkpointing: true",
     "train.gradient_accumulation_steps (fewer completions per micro-batch)",
+    "train.distributed.gradient_sync: every_micro_batch (under fsdp: gradients stay sharded during "
+    "accumulation)",
     "train.vllm.gpu_memory_utilization / train.vllm.max_model_len",
     "train.vllm.sleep_mode: true (the engine frees its share while the trainer computes)",
 )
@@ -203,6 +225,42 @@ def micro_batch(train: Mapping, processes: int) -> int:
     """Completions per micro-batch and process (GRPOConfig's per_device_train_batch_size)."""
     return max(1, train["prompts_per_step"] * train["num_generations"]
                // (train["gradient_accumulation_steps"] * processes))  # fmt: skip
+
+
+def gradient_sync(train: Mapping) -> str:
+    """train.distributed.gradient_sync (the schema's default, every_micro_batch, when absent)."""
+    return str((train.get("distributed") or {}).get("gradient_sync") or GRADIENT_SYNC_DEFAULT)
+
+
+def gradient_mode(train: Mapping, processes: int) -> str:
+    """How the plan counts gradients: "sharded" (FSDP reduce-scatters every micro-batch), "unsharded"
+    (FSDP with last_micro_batch: the whole gradient on every GPU) or "replicated" (DDP / one process)."""
+    if train["distributed"]["strategy"] != "fsdp" or processes < 2:
+        return "replicated"
+    return "sharded" if gradient_sync(train) == "every_micro_batch" else "unsharded"
+
+
+def gradient_bytes(parameters: int, param: int, train: Mapping, processes: int) -> float:
+    """Gradients per GPU during accumulation.
+
+    Under FSDP2, transformers 5.24 runs all but the last micro-batch in ``accelerator.no_sync``
+    (trainer.py:1904-1915) unless ``sync_each_batch``; accelerate 1.15's no_sync under FSDP2 is
+    ``set_requires_gradient_sync(False)`` (accelerator.py:1166-1171); FSDP2 then keeps each unsharded
+    gradient (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py:607-612) until the last
+    micro-batch's reduce-scatter: P x p on every GPU. With every_micro_batch (the default; grpo_config
+    passes ``sync_each_batch``) each micro-batch is reduce-scattered and only the shard, P x p / G, stays.
+
+    Why every_micro_batch: on 2 gloo processes (CPU, a 5.05M-parameter Qwen2, 4 micro-batches; the
+    transformers Trainer with accelerate's FSDP2) the no_sync path held 19.3 MiB of unsharded fp32
+    gradients per rank where every_micro_batch held its 9.6 MiB shard, for 10-30% more time a micro-batch
+    (gloo on 2 shared cores, where the reduce-scatter is not overlapped). On the paper's 8 GPUs the
+    difference is 24.9 GiB a GPU for the 7B fp32 arm (28.4 x 7/8) and 12.4 for bf16, against one more
+    reduce-scatter of P x p x 7/8 a micro-batch (~25 GiB over NVLink's ~370 GB/s of bus bandwidth:
+    ~0.07 s, which FSDP2 overlaps with the backward of the layers before, beside a micro-batch's ~8 s of
+    fp32 compute). Both modes sum the same gradients in the arm's dtype, in another order only."""
+    if gradient_mode(train, processes) == "sharded":
+        return parameters * param / processes
+    return parameters * param
 
 
 def gathered_bytes(dims: Dims, param: int, strategy: str, processes: int) -> float:
@@ -333,7 +391,7 @@ def train_terms(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, pro
     own_copy = copies_sampler(mode) and not train["use_vllm"]
     terms = {
         "weights": p * param / shard,
-        "gradients": p * param / shard,
+        "gradients": gradient_bytes(p, param, train, processes),
         "optimizer": 2 * p * param / shard,
         "reference": p * BYTES[model_dtype] / shard,
         "sampler_copy": p * BYTES[sampler_dtype(mode)] if own_copy else 0,
@@ -350,13 +408,23 @@ def train_terms(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, pro
     return {k: terms[k] for k in TRAIN_TERMS}, b, tokens
 
 
-def train_total(terms: Mapping[str, float], sleep_mode: bool) -> float:
-    """The terms' sum; with a sleeping engine the larger of the engine and the trainer's transient terms
-    (with their fragmentation) instead of both."""
+def residue_bytes(dims: Dims, dtype: str, train: Mapping, processes: int) -> float:
+    """What the colocated engine keeps on the GPU while it sleeps: its CUDA-graph pool and non-torch
+    memory (``RESIDUE_TERMS``; the constants' comment cites vLLM 0.30's source). 0 without an engine."""
+    if not train["use_vllm"]:
+        return 0
+    terms = engine_terms(dims, dtype, train, processes)
+    return sum(terms[k] for k in RESIDUE_TERMS)
+
+
+def train_total(terms: Mapping[str, float], sleep_mode: bool, residue: float = 0) -> float:
+    """The terms' sum; with a sleeping engine the larger of the engine's share and what the trainer
+    computes beside the sleeping engine (its transient terms with their fragmentation + the engine's
+    ``residue``) instead of both."""
     total = sum(terms.values())
     if sleep_mode and terms["vllm"]:
         transient = sum(terms[k] for k in TRANSIENT) * (1 + FRAGMENTATION)
-        total += max(terms["vllm"], transient) - terms["vllm"] - transient
+        total += max(terms["vllm"], transient + residue) - terms["vllm"] - transient
     return total
 
 
@@ -366,8 +434,10 @@ def train_plan(dims: Dims, mode: Mapping, train: Mapping, model_dtype: str, proc
     terms, b, tokens = train_terms(dims, mode, train, model_dtype, processes, gpu_gib, sequence_tokens)
     plan: dict = {k: _gib(v) for k, v in terms.items()}
     sleep = bool(train["use_vllm"] and engine_settings(train)["sleep_mode"])
-    plan.update(total=_gib(train_total(terms, sleep)), micro_batch=b, tokens=tokens,
-                parameters=dims.parameters)  # fmt: skip
+    residue = residue_bytes(dims, sampler_dtype(mode), train, processes)
+    plan.update(total=_gib(train_total(terms, sleep, residue)), micro_batch=b, tokens=tokens,
+                parameters=dims.parameters, gradient_mode=gradient_mode(train, processes),
+                residue=_gib(residue) if sleep else 0.0)  # fmt: skip
     if train["use_vllm"]:
         plan["engine"] = engine_plan(dims, sampler_dtype(mode), train, processes, gpu_gib)
     return plan
@@ -416,7 +486,7 @@ def problems(config: Mapping) -> Iterator[tuple[str, str]]:
                 "resources.train.gpus",
                 f"arm {arm!r} needs {plan['total']} GiB per GPU, {short} GiB more than the GPU reports "
                 f"({round(total, 1)} GiB of gpu.memory_gb {config['gpu']['memory_gb']}): "
-                f"{format_terms(plan)}. "
+                f"{format_terms(plan)}; {GRADIENT_NOTES[plan['gradient_mode']]}. "
                 "Keys that lower it: " + "; ".join(KEYS_THAT_FIT),
             )
         if "engine" in plan:
@@ -448,6 +518,12 @@ def table(config: Mapping) -> str:
     first = next(iter(planned.values()))
     lines.append(f"({first['parameters'] / 1e9:.2f}B parameters, {first['micro_batch']} completions x "
                  f"{first['tokens']} tokens per micro-batch and GPU)")  # fmt: skip
+    lines.append(GRADIENT_NOTES[first["gradient_mode"]])
+    if first["residue"]:
+        lines.append(
+            "sleeping engine's residue (CUDA graphs + non-torch, beside the trainer's transient "
+            "terms): " + ", ".join(f"{arm} {p['residue']}" for arm, p in planned.items()) + " GiB"
+        )
     if "engine" in first:
         lines += engine_table(planned)
     return "\n".join(lines)

@@ -12,6 +12,7 @@ Run names (folders under results/eval/):
 | ``base-<dtype>`` | the base loaded in an arm's ``param_dtype`` != model.dtype | ``results/models/base`` |
 | ``<precision>-s<seed>`` | a trained run | ``results/train/<precision>/seed<seed>/model`` |
 | ``<precision>-s<seed>-r<k>`` | repeat k >= 2 of it (config ``repeats``) | ``.../seed<seed>-r<k>/model`` |
+| ``<arm>-s<seed>@step<k>`` | it at step k (``snapshots``) | ``.../seed<seed>/snapshots/step<k>`` |
 
 A trained run is compared (dJ, KL) with the base run of its arm's param dtype (``reference_run``), so a
 difference measures training, not the cast. A repeat (the numerical noise floor, ``noise_floor``) is the
@@ -30,7 +31,7 @@ from pathlib import Path
 
 RESULTS = "results"
 BASE = "base"
-_TRAINED_RE = re.compile(r"^(?P<precision>.+)-s(?P<seed>\d+)(?:-r(?P<repeat>\d+))?$")
+_TRAINED_RE = re.compile(r"^(?P<precision>.+)-s(?P<seed>\d+)(?:-r(?P<repeat>\d+))?(?:@step(?P<step>\d+))?$")
 DTYPES = ("float32", "bfloat16", "float16")  # the schema's dtype enum
 _BASE_RE = re.compile(rf"^{BASE}(?:-(?P<dtype>{'|'.join(DTYPES)}))?$")
 
@@ -62,6 +63,9 @@ class Run:
     seed: int | None = None
     dtype: str | None = None
     repeat: int | None = None  # trained runs: 1 for the first run of (precision, seed), k >= 2 for repeats
+    step: int | None = (
+        None  # a snapshot of the run at this optimizer step (config ``snapshots``); None: final
+    )
 
     @property
     def is_base(self) -> bool:
@@ -78,14 +82,21 @@ def parse_run(run: str) -> Run:
     repeat = int(trained["repeat"]) if trained and trained["repeat"] is not None else 1
     if not trained or (repeat < 2 and trained["repeat"] is not None):
         raise ValueError(
-            f"not a run name: {run!r} (expected base, base-<dtype>, <precision>-s<seed> or "
-            "<precision>-s<seed>-r<k> with k >= 2)"
+            f"not a run name: {run!r} (expected base, base-<dtype>, <precision>-s<seed>, "
+            "<precision>-s<seed>-r<k> with k >= 2, or <precision>-s<seed>@step<k>)"
         )
-    return Run(run, precision=trained["precision"], seed=int(trained["seed"]), repeat=repeat)
+    step = int(trained["step"]) if trained["step"] is not None else None
+    return Run(run, precision=trained["precision"], seed=int(trained["seed"]), repeat=repeat, step=step)
+
+
+def snapshot_run(precision: str, seed: int | str, step: int | str) -> str:
+    """The run name of a snapshot: ``snapshot_run("fp32", 3, 12) == "fp32-s3@step12"``."""
+    return f"{run_name(precision, seed)}@step{step}"
 
 
 def stream_run(run: str) -> str:
-    """The run whose evaluation random streams ``run`` uses: a repeat uses those of the run it repeats."""
+    """The run whose evaluation random streams ``run`` uses: a repeat uses those of the run it repeats, a
+    snapshot those of its run (common random numbers along the run: its steps differ by training only)."""
     parsed = parse_run(run)
     return run if parsed.is_base else run_name(parsed.precision, parsed.seed)
 
@@ -138,6 +149,26 @@ def overlap_seeds(config: Mapping, precision: str) -> list[int]:
     cost ~4x the others' overlap job for nothing the comparison uses."""
     own = arm_seeds(config, precision)
     return [s for s in own if s in config["seeds"]] or own
+
+
+def snapshot_steps(config: Mapping, precision: str) -> list[int]:
+    """The steps ``precision`` saves snapshots at (config ``snapshots.steps``): the reference arm (the
+    first of precisions) only, the steps before the last."""
+    steps = (config.get("snapshots") or {}).get("steps") or []
+    if not steps or precision != next(iter(config["precisions"])):
+        return []
+    return sorted(int(s) for s in steps if int(s) < int(config["train"]["max_steps"]))
+
+
+def snapshot_runs(config: Mapping) -> list[str]:
+    """Every snapshot run (``<arm>-s<seed>@step<k>``): evaluated, but not in run_names (not a seed's
+    final policy: the statistics read them apart, statistics/matched.py)."""
+    return [
+        snapshot_run(p, s, k)
+        for p in config["precisions"]
+        for s in arm_seeds(config, p)
+        for k in snapshot_steps(config, p)
+    ]
 
 
 def trained_runs(config: Mapping) -> list[str]:
@@ -212,11 +243,25 @@ def checkpoint_dir(
     return _r(results) / "checkpoints" / precision / f"seed{seed}{_repeat_suffix(repeat)}"
 
 
+def snapshot_dir(
+    precision: str, seed: int | str, step: int | str, results: str | os.PathLike = RESULTS
+) -> Path:
+    """The policy of run (precision, seed) at optimizer step ``step`` (config ``snapshots``)."""
+    return snapshot_in(train_dir(precision, seed, results), step)
+
+
+def snapshot_in(run_dir: str | os.PathLike, step: int | str) -> Path:
+    """The snapshot folder of step ``step`` in a trained run's folder ``run_dir``."""
+    return Path(run_dir) / "snapshots" / f"step{step}"
+
+
 def model_dir(run: str, results: str | os.PathLike = RESULTS) -> Path:
     """The model folder of a run name (see the table above)."""
     parsed = parse_run(run)
     if parsed.is_base:
         return base_model_dir(results)
+    if parsed.step is not None:
+        return snapshot_dir(parsed.precision, parsed.seed, parsed.step, results)
     return train_dir(parsed.precision, parsed.seed, results, repeat=parsed.repeat) / "model"
 
 

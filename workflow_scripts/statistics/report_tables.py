@@ -95,7 +95,8 @@ def components_section(stats: Mapping) -> str:
     rows, ratios = [], []
     for role, per_q in model.items():
         for q, block in (per_q or {}).items():
-            name = "dJ" if q == "dJ" else kl_name(stats)
+            name = {"dJ": "dJ", "kl": kl_name(stats), "log_kl": "log KL (exploratory)",
+                    "dJ_drift": "dJ / sqrt(arm's relative KL) (exploratory)"}.get(q, q)  # fmt: skip
             for arm, fit in (block.get("arms") or {}).items():
                 if fit.get("status") != "ok":
                     rows.append([role, name, arm, f"failed: {fit.get('reason')}", "", "", "", "", ""])

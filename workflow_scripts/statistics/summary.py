@@ -1,24 +1,22 @@
-""" "What this run says": the report's first paragraph, 3-8 sentences generated from stats.json, and from
-the mismatch table's per-arm gaps where the report passes them (``mismatch_report.gaps_by_arm``).
+""" "What this run says": the report's first section, 5-8 short bullets generated from stats.json.
 
-Sentences, in order, each present only where stats.json has its numbers:
+Bullets, in order, each present only where stats.json has its numbers (``summary_sentences``):
 
-| sentence       | from                            | says                                                |
-|----------------|---------------------------------|-----------------------------------------------------|
-| arms           | ``arms``, the gaps              | what each arm is against the reference, in factors, |
-|                |                                 | and where its sampler-trainer gap comes from        |
-| gate           | ``gate``                        | whether training worked (else nothing is testable)  |
-| largest effect | ``decomposition``               | the largest on-task mean effect with its interval;  |
-|                |                                 | for a bundle, the factor that carries it            |
-| variance       | ``verdicts`` H2 / H3 ``by_arm`` | each finding (larger / smaller / not larger than    |
-|                |                                 | r0) with the null twin's ratio beside it            |
-| scales         | ``by_arm[..].matched_drift``    | where the absolute and matched-drift scales         |
-|                |                                 | disagree (one sentence for all arms)                |
-| caution        | findings                        | what not to conclude (an arm that moves less...)    |
-| controls       | ``controls``                    | whether the null twin stayed "not larger"           |
+1. what this run can detect (the whole rule's MDE at these seeds, Holm over the primary family) and the
+   overlay that answers the variance questions (``analysis.decisive``);
+2. whether training worked (the gate), then each factor's mean dJ effect on-task / off-task with its
+   interval, by the factor's short name (``short_name``: stall, dropout, SR noise, ...);
+3. which factor carries the most, only as the tested difference of two parts' |effects|
+   (``decompose.part_differences``; "no factor is shown to carry more" where its interval reaches 0);
+4. each bundle's interaction with its interval on every quantity (no words about adding up);
+5-6. each arm's H2 / H3 finding and ratio beside the null yardstick (``yardstick``), an inconclusive
+   "not after Holm" with its adjusted p;
+7. what a smaller variance means given the movement-matched comparison (stats.json ``matched``), or that
+   it is not available;
+8. seeds per arm needed for a ratio of r0 (2x).
 
-The report also takes its arm table (``arms_section``) and decomposition table
-(``decomposition_section``) from here: the three read the same blocks.
+The report also takes its arm table (``arms_section``, with each arm in factors and where its
+sampler-trainer gap comes from) and decomposition table (``decomposition_section``) from here.
 """
 
 from __future__ import annotations
@@ -86,48 +84,179 @@ def gate_sentence(stats: Mapping) -> str:
     )
 
 
-def largest_effect_sentence(stats: Mapping) -> str | None:
-    """The largest on-task mean effect among bundles and single-factor arms; a bundle's split into parts."""
-    dec = stats.get("decomposition") or {}
-    if dec.get("status") != "ok":
-        return None
-    cands: list[tuple[float, str, Mapping]] = []
-    for arm, b in (dec.get("bundles") or {}).items():
-        c = get(b, "on_task_dJ", "bundle")
-        if b.get("status") == "ok" and c and c.get("status") == "ok":
-            cands.append((abs(c["mean"]), arm, c))
-    for arm, m in (dec.get("main_effects") or {}).items():
-        c = m.get("on_task_dJ")
-        if c and c.get("status") == "ok":
-            cands.append((abs(c["mean"]), arm, c))
-    if not cands:
-        return None
-    _, arm, c = max(cands, key=lambda x: x[0])
-    ref = dec.get("reference")
-    text = f"The largest on-task effect is {arm}'s: dJ {_effect(c)} against {ref}"
-    bundle = (dec.get("bundles") or {}).get(arm)
-    if bundle and bundle.get("status") == "ok":
-        q = bundle["on_task_dJ"]
-        main = dec.get("main_effects") or {}
-        parts = [f"{main[a]['effect']} ({a}) {_effect(pc)}" for a, pc in q["parts"].items()]
-        inter = q["interaction"]
-        top = q.get("largest_part")
-        carrier = f"{main[top]['effect']} carries the most" if top else "no part carries it"
-        added = (
-            "the parts add up"
-            if inter.get("status") == "ok" and inter["p"] >= stats_alpha(stats)
-            else ("the parts do not simply add")
-        )
-        text += f"; taken apart: {'; '.join(parts)}; interaction {_effect(inter)}: {carrier} and {added}"
-    elif arm in (dec.get("main_effects") or {}):
-        text += f", from {dec['main_effects'][arm]['effect']} alone"
-    if c["ci"][0] < 0 < c["ci"][1]:
-        text += " (its interval contains 0: no arm changes the on-task mean detectably)"
-    return text + "."
+SHORT = (  # a factor's short name in the summary, from its effect name (arms.effect_name)
+    ("rounding stall", "stall"),
+    ("precision noise", "SR noise"),
+    ("dropout", "dropout"),
+    ("sampler-trainer mismatch", "mismatch"),
+    ("IS correction", "IS correction"),
+    ("update noise", "update noise"),
+)
+
+
+def short_name(effect: str) -> str:
+    """The summary's short name of a factor ("stall", "dropout", "SR noise"); else its effect name."""
+    return next((short for prefix, short in SHORT if effect.startswith(prefix)), effect)
+
+
+def _arm_short(stats: Mapping, arm: str) -> str:
+    effects = get(stats, "arms", arm, "effects") or []
+    return " + ".join(short_name(e) for e in effects) or arm
 
 
 def stats_alpha(stats: Mapping) -> float:
     return float(get(stats, "config", "alpha") or 0.05)
+
+
+def _powers(stats: Mapping) -> list[Mapping]:
+    out = []
+    for q in ("dJ", "kl"):
+        for comp in (get(stats, "mixed_model", "off_task", q, "comparisons") or {}).values():
+            p = comp.get("power") or {}
+            if p.get("status") == "ok":
+                out.append(p)
+    return out
+
+
+def _span(values: list[Any]) -> str:
+    vals = sorted({float(v) for v in values if v is not None})
+    if not vals:
+        return "n/a"
+    return fmt(vals[0]) if len(vals) == 1 else f"{fmt(vals[0])}-{fmt(vals[-1])}"
+
+
+def detect_bullet(stats: Mapping) -> str:
+    """What this run can detect (its MDE at these seeds) and the overlay that answers the variance
+    questions (analysis.decisive)."""
+    seeds = get(stats, "n", "seeds") or {}
+    ref = stats.get("reference")
+    others = sorted({v for a, v in seeds.items() if a != ref})
+    powers = _powers(stats)
+    mdes = [p.get("mde_ratio") for p in powers]
+    mde = f"{_span(mdes)}x" if any(m is not None for m in mdes) else "above the largest ratio simulated"
+    if not powers:
+        mde = "not computed (no power simulation)"
+    if None in mdes and any(m is not None for m in mdes):
+        mde += " (not reached for some)"
+    fam = get(stats, "primary", "family_size")
+    dec = get(stats, "config", "decisive") or {}
+    text = (
+        f"What this run can detect: at {_span(others)} seeds per arm against {seeds.get(ref, 'n/a')} of "
+        f"{ref}, the smallest off-task seed-variance ratio found with {_target(powers)} power is {mde}"
+        + (f" (Holm over the {fam} variance claims of the primary family)" if fam else "")
+    )
+    if dec:
+        text += (
+            f"; the variance questions are answered by `{dec.get('config')}` ({dec.get('seeds')} seeds per "
+            f"arm, measured MDE {fmt(dec.get('mde_ratio'))}x)"
+        )
+    return text + "."
+
+
+def _target(powers: list[Mapping]) -> str:
+    return f"{powers[0]['target']:.0%}" if powers else "the target"
+
+
+def means_bullet(stats: Mapping) -> str | None:
+    """The gate, then the mean effect of each factor (single-factor arms) and bundle, on- and off-task."""
+    g = stats.get("gate") or {}
+    if g.get("passed"):
+        head = (f"Training worked ({g.get('arm')} on-task dJ {_signed(g.get('mean'))} ± {fmt(g.get('se'), 2)}"
+                f" SE, {g.get('n_seeds')} seeds)")  # fmt: skip
+    else:
+        head = (
+            f"Training did not improve the on-task score ({g.get('reason') or 'no reference arm'}): every "
+            "verdict is 'not testable' and the numbers only describe the runs"
+        )
+    dec = stats.get("decomposition") or {}
+    items = []
+    if dec.get("status") == "ok":
+        for arm, m in (dec.get("main_effects") or {}).items():
+            items.append(f"{short_name(m['effect'])} ({arm}) {_roles(m)}")
+        for arm, b in (dec.get("bundles") or {}).items():
+            whole = {q: get(b, q, "bundle") for q in ("on_task_dJ", "off_task_dJ")}
+            if b.get("status") != "ok":
+                whole = b.get("whole") or {}
+            items.append(f"{_arm_short(stats, arm)} ({arm}) {_roles(whole)}")
+    if not items:
+        return head + "."
+    return (
+        f"{head}. Mean dJ effects against {dec.get('reference')}, on-task / off-task [95% CI]: "
+        + "; ".join(items)
+        + "."
+    )
+
+
+def _roles(block: Mapping) -> str:
+    return f"{_effect(block.get('on_task_dJ'))} / {_effect(block.get('off_task_dJ'))}"
+
+
+QUANTITY_LABEL = {"on_task_dJ": "on-task", "off_task_dJ": "off-task", "off_task_log_kl": "log KL"}
+
+
+def carries_bullet(stats: Mapping) -> str | None:
+    """Per bundle: which factor carries the most, only where the difference of the two is tested."""
+    dec = stats.get("decomposition") or {}
+    clauses = []
+    for arm, b in (dec.get("bundles") or {}).items():
+        if b.get("status") != "ok":
+            continue
+        for q in ("on_task_dJ", "off_task_dJ"):
+            block = b.get(q) or {}
+            diffs = block.get("part_differences") or {}
+            if not diffs:
+                continue
+            cm = block.get("carries_most") or {}
+            (d,) = list(diffs.values())[:1]
+            first, second = (short_name(_main_effect(dec, d[k])) for k in ("first", "second"))
+            label = f"|{first}| − |{second}|"
+            numbers = f"{label} {_effect(d)}"
+            if cm.get("supported"):
+                top = short_name(_main_effect(dec, cm["arm"]))
+                clauses.append(f"{arm} {QUANTITY_LABEL[q]}: {top} carries the most ({numbers})")
+            else:
+                clauses.append(f"{arm} {QUANTITY_LABEL[q]}: no factor is shown to carry more ({numbers})")
+    return (
+        (
+            "Which factor carries the most, tested as the difference of their effects: "
+            + "; ".join(clauses)
+            + "."
+        )
+        if clauses
+        else None
+    )
+
+
+def _main_effect(dec: Mapping, arm: str) -> str:
+    return get(dec, "main_effects", arm, "effect") or arm
+
+
+def interaction_bullet(stats: Mapping) -> str | None:
+    """Per bundle: its interaction with the interval, on every role (no words about adding up)."""
+    dec = stats.get("decomposition") or {}
+    out = []
+    for arm, b in (dec.get("bundles") or {}).items():
+        if b.get("status") != "ok":
+            continue
+        parts = " − ".join(short_name(_main_effect(dec, a)) for a in (b.get("parts") or {}).values())
+        roles = [
+            f"{QUANTITY_LABEL.get(q, q)} {_effect(get(b, q, 'interaction'))}"
+            for q in (dec.get("quantities") or {})
+        ]
+        out.append(f"{arm} − {parts}: " + ", ".join(roles))
+    return ("Interaction [95% CI]: " + "; ".join(out) + ".") if out else None
+
+
+def yardstick_words(y: Mapping | None) -> str:
+    """A ratio's null yardstick in words: the 5-95% range of the reference's split ratios and the share
+    of splits at least as extreme; or why there is none."""
+    if not y:
+        return "no yardstick"
+    if y.get("status") != "ok":
+        return "no yardstick: " + str(y.get("reason") or y.get("status")).split(":")[0]
+    share = y.get("share_as_extreme")
+    tail = f", {fmt(share, 2)} of splits as extreme" if share is not None else ""
+    return f"chance [{fmt(y.get('q05'), 2)}, {fmt(y.get('q95'), 2)}]x{tail}"
 
 
 def _ratio(stats: Mapping, h: str, arm: str) -> str:
@@ -136,118 +265,120 @@ def _ratio(stats: Mapping, h: str, arm: str) -> str:
     return f"{fmt(comp.get('ratio'))}x {ci(comp.get('ratio_ci'))}" if comp.get("status") == "ok" else "n/a"
 
 
-def variance_sentences(stats: Mapping) -> list[str]:
-    """One sentence per hypothesis (H2, H3): each arm's finding, its ratio, and the null twin's ratio."""
+def _finding(v: Mapping) -> str:
+    finding = str(v.get("finding"))
+    if finding == "inconclusive" and "not after Holm" in str(v.get("reason")) and v.get("holm_p") is not None:
+        return f"inconclusive (not after Holm, adjusted p {fmt(v['holm_p'], 2)})"
+    return finding
+
+
+def variance_bullets(stats: Mapping) -> list[str]:
+    """One bullet per hypothesis (H2, H3): each arm's finding and ratio beside the null yardstick."""
     out = []
+    fam = get(stats, "primary", "family_size")
     for h in ("H2", "H3"):
         by_arm = get(stats, "verdicts", h, "by_arm") or {}
         if not by_arm or all(v.get("verdict") == "not testable" for v in by_arm.values()):
             continue
-        items = [f"{v.get('finding')} for {a} ({_ratio(stats, h, a)})" for a, v in by_arm.items()]
+        items = [
+            f"{a} {_finding(v)}, {_ratio(stats, h, a)} ({yardstick_words(v.get('yardstick'))})"
+            for a, v in by_arm.items()
+        ]
         twins = next((v.get("twins") for v in by_arm.values() if v.get("twins")), None) or {}
-        twin = "; ".join(f"the null twin {t} gets {fmt(x.get('ratio'))}x {ci(x.get('ratio_ci'))}"
-                         for t, x in twins.items())  # fmt: skip
+        twin = "; ".join(
+            f"null twin {t} {fmt(x.get('ratio'))}x {ci(x.get('ratio_ci'))}" for t, x in twins.items()
+        )
+        corr = f", Holm over {fam}" if fam else ""
         out.append(
-            f"Seed variance of {QUANTITY_WORDS[h]} against the reference ({h}, absolute scale): "
-            + "; ".join(items)
-            + (f"; beside them {twin}" if twin else "")
-            + "."
+            f"Seed variance of {QUANTITY_WORDS[h]} against {stats.get('reference')} "
+            f"({h}, absolute scale{corr}): " + "; ".join(items) + (f"; {twin}" if twin else "") + "."
         )
     return out
 
 
-def scale_sentence(stats: Mapping) -> str | None:
-    """One sentence: where the absolute and matched-drift scales disagree, or where 'smaller' holds only
-    in absolute terms."""
-    clauses = []
-    for h in ("H2", "H3"):
-        for arm, v in (get(stats, "verdicts", h, "by_arm") or {}).items():
-            drift = v.get("matched_drift") or {}
-            if not drift:
-                continue
-            d = f"{drift.get('scale')} ratio {fmt(drift.get('ratio'))}x {ci(drift.get('ratio_ci'))}"
-            if v.get("scales_agree") is False:
-                clauses.append(
-                    f"{arm}'s {QUANTITY_WORDS[h]} is {v.get('finding')} in absolute terms but "
-                    f"{drift.get('finding')} at matched drift ({d})"
-                )
-            elif v.get("finding") == "smaller" and drift.get("finding") != "smaller":
-                clauses.append(
-                    f"{arm}'s {QUANTITY_WORDS[h]} is smaller only in absolute terms, {drift.get('finding')} "
-                    f"at matched drift ({d})"
-                )
-    return ("The scales disagree: " + "; ".join(clauses) + ".") if clauses else None
-
-
-def caution_sentence(stats: Mapping) -> str | None:
-    findings = [(a, v) for h in ("H2", "H3") for a, v in (get(stats, "verdicts", h, "by_arm") or {}).items()]
-    smaller = sorted({a for a, v in findings if v.get("finding") == "smaller"})
+def matched_bullet(stats: Mapping) -> str | None:
+    """What a smaller variance means given the movement-matched comparison (stats.json ``matched``:
+    {status, by_arm{arm: {finding, ratio, ratio_ci, quantity}}} or its ``sentence``); only where some
+    arm's variance is smaller."""
+    smaller = sorted(
+        {a for h in ("H2", "H3") for a, v in (get(stats, "verdicts", h, "by_arm") or {}).items()
+         if v.get("finding") == "smaller"}
+    )  # fmt: skip
     if not smaller:
         return None
-    main = get(stats, "decomposition", "main_effects") or {}
-    bundles = get(stats, "decomposition", "bundles") or {}
-    learns_less = [
-        a for a in smaller
-        if (get(bundles, a, "on_task_dJ", "bundle") or get(main, a, "on_task_dJ") or {}).get("mean", 0) < 0
-    ]  # fmt: skip
-    why = (
-        f" ({', '.join(learns_less)} also learn{'s' if len(learns_less) == 1 else ''} less on-task)"
-        if (learns_less)
-        else ""
-    )
+    who = ", ".join(smaller)
+    matched = stats.get("matched") or {}
+    if matched.get("status") != "ok":
+        return (
+            f"A smaller variance ({who}) is not yet more stable training: an arm that moves less also varies "
+            "less, and the movement-matched comparison is not available in this run."
+        )
+    if matched.get("sentence"):
+        return str(matched["sentence"]).rstrip(".") + "."
+    items = []
+    for a in smaller:
+        m = (matched.get("by_arm") or {}).get(a) or {}
+        if m:
+            items.append(f"{a} {m.get('finding', 'n/a')}, {fmt(m.get('ratio'))}x {ci(m.get('ratio_ci'))}")
+        else:
+            items.append(f"{a} not compared")
     return (
-        f"Do not read a smaller absolute variance as more stable training: an arm that moves less also "
-        f"varies less{why}; the matched-drift scale is the comparison at equal movement."
+        "At equal movement (the reference's checkpoints at the arm's off-task KL): " + "; ".join(items) + "."
     )
 
 
-def controls_sentence(stats: Mapping) -> str | None:
-    neg = {a: c for a, c in (stats.get("controls") or {}).items() if c.get("kind") == "negative"}
-    if not neg:
+def seeds_bullet(stats: Mapping) -> str | None:
+    """Seeds per arm the whole rule needs to find a 2x (r0) ratio at the target power."""
+    parts = []
+    for q, word in (("dJ", "off-task dJ"), ("kl", "off-task KL")):
+        ps = [
+            (comp.get("power") or {})
+            for comp in (get(stats, "mixed_model", "off_task", q, "comparisons") or {}).values()
+            if (comp.get("power") or {}).get("status") == "ok"
+        ]
+        if not ps:
+            continue
+        need = [p.get("seeds_needed_r0") for p in ps]
+        cap = max(p["max_seeds"] for p in ps)
+        text = _span(need) if any(n is not None for n in need) else f"> {cap}"
+        if None in need and any(n is not None for n in need):
+            text += f" (> {cap} for some arms)"
+        parts.append(f"{word} {text}")
+    if not parts:
         return None
-    bad = [a for a, c in neg.items() if c.get("passed") is False]
-    if bad:
-        return (
-            f"The null twin {', '.join(bad)} was called larger than the reference: the instrument's "
-            "false-positive check failed here, so read every 'larger' above with that in mind."
-        )
-    rescued = sorted(
-        f"{a}'s {'off-task KL' if q == 'kl' else 'off-task dJ'}"
-        for a, c in neg.items()
-        for q, v in (c.get("uncorrected") or {}).items()
-        if v == "supported"
+    r0 = fmt(get(stats, "config", "variance_ratio_margin") or 2.0)
+    return (
+        f"Seeds per arm needed to find a {r0}x ratio with {_target(_powers(stats))} power: "
+        + "; ".join(parts)
+        + "."
     )
-    if rescued:
-        return (
-            f"The null twin ({', '.join(neg)}) is not called larger on dJ or KL, but only after Holm's "
-            f"correction over the arms sharing the reference: uncorrected, {' and '.join(rescued)} would "
-            "read larger, so a single ratio of that size is what chance alone gives here."
-        )
-    return f"The null twin ({', '.join(neg)}) is not called larger on dJ or KL, as a null arm must not be."
 
 
 def summary_sentences(stats: Mapping, gaps: Mapping[str, Mapping] | None = None) -> list[str]:
-    """The sentences, in the order of the module table; a failed gate stops after the gate sentence;
-    ``gaps``: arm -> ``mismatch_report.gaps_by_arm`` entry."""
-    out = [s for s in (arms_sentence(stats, gaps), gate_sentence(stats)) if s]
+    """The bullets, in order: detect, means (with the gate), carries the most, interaction, H2, H3,
+    movement matched, seeds for 2x; a failed gate stops after the means. ``gaps`` is kept for the
+    report's call (the arms' gaps are in ``arms_section``)."""
+    del gaps
+    out = [detect_bullet(stats)] + [s for s in (means_bullet(stats),) if s]
     if not get(stats, "gate", "passed"):
-        return out + [s for s in (largest_effect_sentence(stats),) if s]
-    out += [s for s in (largest_effect_sentence(stats),) if s]
-    out += variance_sentences(stats)
-    out += [s for s in (scale_sentence(stats), caution_sentence(stats), controls_sentence(stats)) if s]
-    return out
+        return out
+    out += [s for s in (carries_bullet(stats), interaction_bullet(stats)) if s]
+    out += variance_bullets(stats)
+    out += [s for s in (matched_bullet(stats), seeds_bullet(stats)) if s]
+    return out[:8]
 
 
 def summary_section(stats: Mapping, gaps: Mapping[str, Mapping] | None = None) -> str:
-    return "\n".join(["## What this run says", "", " ".join(summary_sentences(stats, gaps)), ""])
+    return "\n".join(["## What this run says", "", *(f"- {b}" for b in summary_sentences(stats, gaps)), ""])
 
 
 ARM_HEADER = ["arm", "kind", "master weights", "compute", "sampler", "dropout", "deterministic", "optimizer",
               "seeds", "differs from the reference in"]  # fmt: skip
 
 
-def arms_section(stats: Mapping) -> str:
-    """The arm table: what every arm stores, computes and samples in (stats.json ``arms``)."""
+def arms_section(stats: Mapping, gaps: Mapping[str, Mapping] | None = None) -> str:
+    """The arm table: what every arm stores, computes and samples in (stats.json ``arms``), then each arm
+    in factors with where its sampler-trainer gap comes from (``arms_sentence``)."""
     arms = stats.get("arms") or {}
     if not arms:
         return ""
@@ -264,6 +395,7 @@ def arms_section(stats: Mapping) -> str:
         "KL) runs in eval mode, so dropout acts only in the loss forward; seeds: the seed run s trains "
         "with.",
         table(ARM_HEADER, rows),
+        *([arms_sentence(stats, gaps) or "", ""] if arms_sentence(stats, gaps) else []),
     )
 
 
@@ -316,16 +448,6 @@ def decomposition_section(stats: Mapping) -> str:
 def _section(title: str, intro: str, *body: str) -> str:
     """A report section: its heading, one paragraph, then the body lines (a table, notes)."""
     return "\n".join([f"## {title}", "", intro, "", *body[:1], "", *body[1:]])
-
-
-def drift_cell(by_arm: Mapping) -> str:
-    """The verdict table's 'at matched drift' cell: finding, ratio, interval; ⚠ where the scales disagree."""
-    d = by_arm.get("matched_drift") or {}
-    if not d:
-        return "-"
-    flag = " ⚠ scales disagree" if by_arm.get("scales_agree") is False else ""
-    twins = "".join(f"; {t} {fmt(x.get('ratio'))}" for t, x in (d.get("twins") or {}).items())
-    return f"{d.get('finding')}: {fmt(d.get('ratio'))} {ci(d.get('ratio_ci'))}{twins}{flag}"
 
 
 def twin_cell(by_arm: Mapping) -> str:

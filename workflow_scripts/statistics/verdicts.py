@@ -36,16 +36,17 @@ If the model fit failed for a comparison, the verdict falls back to the classica
 unit (the per-task variance across seeds pooled over the role's tasks: BF on each seed's mean absolute
 deviation for the test, the seed bootstrap CI for the bounds) and the reason says so.
 
-Findings (``finding_variance``, ``finding_h1``): each verdict also in words that say what was found:
-larger, smaller (the ratio's CI below 1), not larger than r0 (below r0 but containing 1), equivalent,
-mean lower / higher, inconclusive. Multiplicity (``family_adjusted``): a 'supported' H2 or H3 must also
-survive Holm's correction over the arms compared with the same reference (their comparisons share the
-reference's runs, so a low draw of its spread makes every arm look larger at once); a control is judged
-as one more member of that family. Scales: H2 and H3 are decided on the absolute seed variance and read
-beside it on a matched-drift scale (``scopes.DRIFT_SCALES``), with a flag where the two disagree; each
-arm's row carries the null twin's ratio on the same comparison. This module is long on purpose: the
-rules, their words and their correction must be read together, and splitting them would put the
-decision in one file and its meaning in another.
+Findings (``judge_variance``, ``finding_h1``): each verdict also in words that say what was found:
+larger, smaller (the ratio's CI below 1), not larger than r0 (below r0), equivalent, mean lower /
+higher, inconclusive. One primary analysis (``analysis.primary``: the absolute scale, H2 and H3): every
+variance claim the summary states (larger or smaller, every arm, H2 and H3) is one member of one Holm
+family (``family_adjusted``): the arms share the reference's runs, so a low draw of its spread makes
+every arm look larger at once, and the summary picks from all of them. "Not larger than r0" bounds the
+ratio and is corrected over the same comparisons apart. An "inconclusive" whose interval excludes 1
+says "not after Holm" with the adjusted p. Each arm's row carries the null yardstick
+(``yardstick``: the ratio over random splits of the reference's seeds) and any negative control's
+ratio on the same comparison. The divisor scales (dJ / sqrt(KL), log KL) enter no verdict. This
+module is long on purpose: the rules, their words and their correction must be read together.
 
 Controls: a precision entry with ``control: negative`` (the reference under another name) or
 ``control: positive`` (the reference with added update noise) is not a precision arm: it is left out
@@ -424,7 +425,7 @@ def judge_variance(
         v = "inconclusive"
         why = f"{why}; but not after Holm over the {m_r0} bounds (adjusted p={_f(adj_r0)})"
     excludes = ci is not None and ((ci[0] is not None and ci[0] > 1) or (ci[1] is not None and ci[1] < 1))
-    if excludes and "not after Holm" not in why:
+    if excludes:
         side = "above" if ci[0] is not None and ci[0] > 1 else "below"
         why = (f"{why}; its interval lies {side} 1 uncorrected, but not after Holm over the {m} variance "
                f"claims of the primary family (adjusted p={_f(adj)})")  # fmt: skip

@@ -10,6 +10,10 @@ last; incomplete ones are deleted). Checkpoints sit on generation-round boundari
 ``run_key.json`` (hash of the train section, mode, seed and the base-model/data files) guards the
 folder: checkpoints of a different configuration are deleted, never resumed. The RNG/optimizer files
 are read with ``torch.load(weights_only=True)`` by transformers; they are this run's own files anyway.
+
+Snapshots (config ``snapshots``, ``Snapshots``): the reference arm's policy at a few steps, for the
+movement-matched comparison (statistics/matched.py), saved in the checkpoint folder too (so a resumed run
+keeps the ones it took) and copied into the run's outputs at the end.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from workflow_scripts.runtime.atomic import write_json
+from transformers import TrainerCallback
+
+from workflow_scripts.runtime.atomic import atomic_dir, write_json
 from workflow_scripts.runtime.config import section_hash
 from workflow_scripts.training.precision import PrecisionMode
 
@@ -92,3 +98,35 @@ def prepare_checkpoint_dir(ckpt_dir: Path, key: str) -> Path | None:
         write_json(key_file, {"key": key})
         return None
     return latest_complete_checkpoint(ckpt_dir)
+
+
+class Snapshots(TrainerCallback):
+    """Save the policy (weights and tokenizer, as the final model) after each of ``steps`` into
+    ``ckpt_dir``/snapshots/step<k>; ``publish`` copies them to the run's output folders at the end.
+
+    Saving reads the weights only (no random draw, no change): a run with snapshots trains bit-identical
+    to one without. One process only: under FSDP the weights are shards (refused by the train stage)."""
+
+    def __init__(self, ckpt_dir: Path, steps: list[int], tokenizer) -> None:
+        self.root, self.steps, self.tokenizer = Path(ckpt_dir) / "snapshots", sorted(set(steps)), tokenizer
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step{step}"
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step in self.steps and state.is_world_process_zero and model is not None:
+            with atomic_dir(self.path(state.global_step)) as tmp:
+                model.save_pretrained(tmp, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+            log.info("snapshot of step %d saved", state.global_step)
+
+    def publish(self, outputs: Mapping[int, Path]) -> None:
+        """Copy each step's snapshot to ``outputs[step]`` (the train rule's snapshot folders)."""
+        for step, dest in outputs.items():
+            source = self.path(int(step))
+            if not (source / "config.json").is_file():
+                raise RuntimeError(
+                    f"{source}: the snapshot of step {step} is missing (the run resumed past it?)"
+                )
+            with atomic_dir(dest) as tmp:
+                shutil.copytree(source, tmp, dirs_exist_ok=True)

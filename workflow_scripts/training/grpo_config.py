@@ -149,7 +149,10 @@ def gradient_sync_args(train_cfg: Mapping) -> dict:
     accelerate's GradientAccumulationPlugin) and then enters no ``no_sync`` at all (trainer.py:1905-1909).
     DDP: nothing, as its no_sync holds no extra memory (the local gradients are the same size)."""
     distributed = train_cfg.get("distributed") or {}
-    if strategy(train_cfg) != "fsdp" or distributed.get("gradient_sync", "every_micro_batch") != "every_micro_batch":
+    if (
+        strategy(train_cfg) != "fsdp"
+        or distributed.get("gradient_sync", "every_micro_batch") != "every_micro_batch"
+    ):
         return {}
     return {"accelerator_config": {"gradient_accumulation_kwargs": {"sync_each_batch": True}}}
 
