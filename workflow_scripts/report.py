@@ -1,5 +1,7 @@
 """The report stage: report.md, the verdicts in words a reader can check against their tables.
 
+Long on purpose: one section function per report section, each short, in the order report.md reads.
+
 Order: the design in one paragraph; the arm table (what each arm stores, computes and samples in) and
 "What this run says" (sentences generated from stats.json, ``statistics.summary``); the training-worked
 gate (passed or not, with its numbers, and what it means for the verdicts); the verdict table (each

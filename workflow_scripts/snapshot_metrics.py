@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from workflow_scripts.aggregate import aggregate
+from workflow_scripts.measures.aggregate_join import aggregate
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.atomic import write_parquet
 from workflow_scripts.runtime.smk import main_from

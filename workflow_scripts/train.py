@@ -1,4 +1,5 @@
 """train stage: ``run`` fine-tunes one (precision, seed) with GRPO configured as DAPO and writes it.
+Long on purpose: the GRPO run is one sequence of set-up steps, each a few lines, kept in reading order.
 
 The base policy is trained on the training prompts with the training task's verifier as the reward
 (``verifiers.make_reward_function``; the same module scores evaluation). Outputs under ``out_dir``:

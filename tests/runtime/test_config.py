@@ -253,7 +253,12 @@ def test_gpu_configs_evaluate_one_job_per_run():
     gpu = sorted(
         name for name, cfg in configs.items() if any(r.get("gpus") for r in cfg["resources"].values())
     )
-    assert gpu == ["config.gpu-smoke.yaml", "config.one-node.yaml", "config.paper.yaml"]
+    assert gpu == [
+        "config.gpu-check.yaml",
+        "config.gpu-smoke.yaml",
+        "config.one-node.yaml",
+        "config.paper.yaml",
+    ]
     assert {name: configs[name]["eval"]["jobs"] for name in gpu} == dict.fromkeys(gpu, "per_run")
     assert configs["config.yaml"]["eval"]["jobs"] == "per_task"
 

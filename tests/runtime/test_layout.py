@@ -68,7 +68,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 STAGES = ("fetch", "prepare_data", "base_model", "train", "evaluate", "sparsity", "overlap", "aggregate",
-          "stats", "learning_curves", "figures", "report")  # fmt: skip
+          "stats", "learning_curves", "figures", "report", "snapshot_metrics")  # fmt: skip
 REPO = PACKAGE_DIR.parent
 MAX_LINES = 500
 

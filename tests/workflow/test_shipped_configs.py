@@ -47,13 +47,25 @@ def expected_jobs(config: dict) -> dict[str, int]:
     assert runs == len(paths.base_runs(config)) + trained
     fetched = hub_copies.hub_datasets(config["data"], data_phases(config["train"]))  # rules/fetch.smk
     hub_model = {"fetch_model": 1} if hub_copies.hub_model(config["model"]) else {}
+    ref = next(iter(config["precisions"]))
+    snapshots = paths.snapshot_runs(config)  # rules/evaluate.smk, evaluate_snapshot: one job a snapshot
+    snap_jobs = (
+        {
+            "train_snapshots": len(paths.arm_seeds(config, ref)),
+            "evaluate_snapshot": len(snapshots),
+            "snapshot_metrics": 1,
+        }
+        if snapshots
+        else {}
+    )
     return {
+        **snap_jobs,
         **({"fetch_dataset": len(fetched)} if fetched else {}),
         **hub_model,
         "prepare_eval": tasks,
         "prepare_train": 1,
         "base_model": 1,
-        "train": trained,
+        "train": trained - (len(paths.arm_seeds(config, ref)) if snapshots else 0),
         "evaluate": runs if config["eval"]["jobs"] == "per_run" else runs * tasks,  # one job per run
         "sparsity": trained,
         "overlap": arms,

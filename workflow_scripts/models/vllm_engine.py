@@ -68,8 +68,8 @@ is missing (line 374: CUDA takes the Triton top-k/top-p). Batch invariance stays
 its kernel overrides would replace the trainer's own softmax, log-softmax and (SM80) matmuls, so the arm
 would no longer compute what it names, and it would buy only sameness across batch compositions (a per-run
 evaluate job against per-task jobs), which nothing here needs. ``engine_record`` reads both switches back
-from the engine's worker; only a GPU can show that CUDA-graph capture runs under them (docs/engine-
-precision.md, ``bench/gpu_smoke.py``'s engine probe).
+from the engine's worker; only a GPU can show that CUDA-graph capture runs under them
+(docs/engine-precision.md, ``bench/gpu_smoke.py``'s engine probe).
 """
 
 from __future__ import annotations
