@@ -15,6 +15,8 @@ rule fetch_dataset:
         dataset=str(hub_copies.dataset_copy("{dataset}")),
     log:
         "logs/fetch/{dataset}.log",
+    benchmark:
+        "benchmarks/fetch/{dataset}.tsv"
     localrule: True
     conda:
         "../envs/core.yaml"
@@ -32,6 +34,8 @@ rule fetch_model:
         source=HUB_MODEL,
     log:
         "logs/fetch/{model}.log",
+    benchmark:
+        "benchmarks/fetch/{model}.tsv"
     localrule: True
     conda:
         "../envs/core.yaml"

@@ -69,6 +69,8 @@ vLLM gives the KV cache what its share leaves (share - the rest); the plan requi
 only below one). max_num_seqs / max_num_batched_tokens default to what TRL 1.16 passes (per-device batch
 x t x steps_per_generation; 4096). Not planned yet: the evaluate and base_model jobs (one GPU each, the
 model twice at most).
+
+Long on purpose: every memory term and its source in one place, so the plan and its refusal read together.
 """
 
 from __future__ import annotations
