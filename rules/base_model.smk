@@ -38,5 +38,6 @@ rule base_model:
     threads: job_threads("base_model")
     resources:
         **job_resources("base_model"),
+    retries: job_retries("base_model")
     script:
         "../workflow_scripts/base_model.py"

@@ -9,11 +9,12 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from workflow_scripts.runtime import eval_matmul, memory_plan, paths, shipped_base
-from workflow_scripts.runtime import hub_copies
+from workflow_scripts.runtime import hub_copies, retries
 from workflow_scripts.runtime.codehash import code_version
 from workflow_scripts.runtime.config import ConfigError, workflow_config
 from workflow_scripts.runtime.config_files import snakemake_sources
-from workflow_scripts.runtime.resources import job_threads as _job_threads, snakemake_resources, train_processes
+from workflow_scripts.runtime.resources import job_threads as _job_threads, rule_resources, snakemake_resources
+from workflow_scripts.runtime.resources import train_processes
 from workflow_scripts.training.curriculum import data_phases
 from workflow_scripts.training.heldout_spec import HELDOUT_FILE, heldout_spec, without_heldout
 
@@ -80,13 +81,30 @@ def code(stage):
 # count, and the SLURM profile adds only cluster matters (partition, runtime, one node).
 
 
+# Under a SLURM profile (executor slurm; retries.slurm_profile reads its partitions.yaml) each job's runtime
+# is capped at the max_runtime of the partitions it can go to, and the long rules (train, evaluate,
+# base_model) get the retries their estimate needs to finish by resuming; the plan is printed (a dry run too).
+SLURM = retries.slurm_profile()
+ATTEMPTS = {plan.rule: plan for plan in retries.plans(config, SLURM)}
+RETRIES = {rule: retries.rule_retries(plan, SLURM) for rule, plan in ATTEMPTS.items()}
+if SLURM:
+    print(retries.table(list(ATTEMPTS.values()), SLURM), file=sys.stderr)
+
+
 def job_threads(rule):
     return _job_threads(config, rule)
 
 
 def job_resources(rule):
-    """gpu, mem_mb (and cpus_per_gpu for a GPU job): `resources: **job_resources("<rule>")`."""
-    return snakemake_resources(config, rule)
+    """gpu, mem_mb (and cpus_per_gpu for a GPU job), runtime: `resources: **job_resources("<rule>")`."""
+    limit = SLURM.limit(rule_resources(config, rule)["gpus"]) if SLURM else None
+    return snakemake_resources(config, rule, limit)
+
+
+def job_retries(rule):
+    """The rule's `retries:` under a SLURM profile (its plan's attempts - 1 + the profile's retries);
+    None (the profile's retries) otherwise."""
+    return RETRIES.get(rule)
 
 
 # ------------------------------------------------------------------ data (rules/prepare_data.smk)

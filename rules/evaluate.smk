@@ -37,6 +37,7 @@ rule evaluate:
     threads: job_threads("evaluate")
     resources:
         **job_resources("evaluate"),
+    retries: job_retries("evaluate")
     script:
         "../workflow_scripts/evaluate.py"
 

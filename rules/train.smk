@@ -42,6 +42,7 @@ rule train:
     threads: job_threads("train")
     resources:
         **job_resources("train"),
+    retries: job_retries("train")
     script:
         "../workflow_scripts/train.py"
 

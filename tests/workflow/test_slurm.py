@@ -22,6 +22,7 @@ installed); under CI a daemon that does not come up is a failure, not a skip.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -385,3 +386,129 @@ def test_a_multi_gpu_train_job_asks_for_one_node_with_its_gpus_cpus_and_memory(s
     assert job["NumNodes"] == "1" and job["NumCPUs"] == str(want["gpus"] * per_gpu), job
     assert job["MinMemoryNode"] == f"{want['mem_mb']}M", job
     assert job["Partition"] == "gpu" and job["JobState"] == "COMPLETED", job
+
+
+# --------------------------------------------------- a train job longer than its partition's time limit
+# The job's estimate (resources.train.estimate_min 2) exceeds the gpu partition's max_runtime (1 minute, in a
+# copy of the profile's partitions.yaml): runtime/retries.py caps every attempt at -t 1 and gives the rule
+# the retries it needs; SLURM kills the first attempt at its limit (within 30 s after it: slurmctld checks
+# limits every 30 s), Snakemake resubmits it, and it resumes from its checkpoint. Each optimizer step is
+# slowed to STEP_SLEEP s (a sitecustomize on PYTHONPATH that the jobs inherit wraps Trainer.training_step),
+# so the run lasts ~RESUME_STEPS x STEP_SLEEP s whatever the machine: longer than one attempt, shorter than
+# two. Its time: ~2.5-4 min (two or three attempts of <= 90 s, and the plugin's status checks, which back off
+# by 10 s each up to the job's end).
+RESUME_STEPS, STEP_SLEEP = 24, 3.0
+SLOW_STEPS = """\
+import json
+import os
+import sys
+
+_SLEEP = float(os.environ.get("RLVR_TEST_STEP_SLEEP") or 0)
+
+
+class _SlowTrainer:
+    \"\"\"Wraps transformers' Trainer.training_step with a sleep when transformers.trainer is imported.\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "transformers.trainer":
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            import time
+
+            run(module)
+            step = module.Trainer.training_step
+
+            def slow_step(self, *args, **kwargs):
+                time.sleep(_SLEEP)
+                return step(self, *args, **kwargs)
+
+            module.Trainer.training_step = slow_step
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _SLEEP:
+    sys.meta_path.insert(0, _SlowTrainer())
+"""
+
+
+def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishes_by_resuming(
+    slurm_cluster, tmp_path
+):
+    config = _run_config()
+    config["train"].update(
+        max_steps=RESUME_STEPS, checkpoint_every=2, kl_every=RESUME_STEPS, eval_every=RESUME_STEPS
+    )
+    config["resources"] = {
+        **RESOURCES,
+        "train": {**RESOURCES["train"], "estimate_min": 2, "startup_min": 0.4},
+    }
+    workdir = make_workflow_dir(tmp_path / "wf", config)
+    profile = workdir / "profile-short"
+    shutil.copytree(REPO / "profiles" / "slurm", profile)
+    (profile / "partitions.yaml").write_text("partitions:\n  cpu: {}\n  gpu: {max_gpu: 8, max_runtime: 1}\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_STEPS)
+    env = {
+        **slurm_cluster.env, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+        "RLVR_TEST_STEP_SLEEP": str(STEP_SLEEP),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+    }  # fmt: skip
+    target = "results/train/fp32/seed1/run.json"
+    cmd = [
+        SNAKEMAKE, "--profile", str(profile), "--workflow-profile", "none",
+        "--directory", str(workdir), "--snakefile", str(workdir / "Snakefile"),
+        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2",
+        "--slurm-no-account", "--slurm-keep-successful-logs", target,
+    ]  # fmt: skip
+    log_workflow_run(cmd[1:], via="snakemake --profile (partition limit 1 min)")
+    started = time.monotonic()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=workdir, timeout=SNAKEMAKE_TIMEOUT
+    )
+    seconds = time.monotonic() - started
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, (
+        f"SLURM run failed after {seconds:.0f} s:\n{log[-6000:]}\n{slurm_cluster.logs()}"
+    )
+    print(f"resumed SLURM train run: {seconds:.0f} s")
+
+    # the plan printed at the start: 1 + ceil((2 - 1) / (1 - 0.4 - 2 x 2/24)) = 4 attempts; retries 3 + 2
+    row = next(line for line in log.splitlines() if line.startswith("train ") and " min " in line)
+    assert row.split()[-2:] == ["4", "5"], row
+    # every attempt asked the partition's limit; the first was killed at it, the last completed
+    train = [
+        (slurm_id, job) for slurm_id, job in slurm_cluster.jobs().items()
+        if slurm_id in dict(SUBMITTED.findall(log)).values() and _rule(job) == "train"
+    ]  # fmt: skip
+    assert len(train) >= 2, log[-4000:]
+    assert all(job["TimeLimit"] == "00:01:00" for _, job in train), train
+    states = [job["JobState"] for _, job in sorted(train, key=lambda item: int(item[0]))]
+    assert states[0] == "TIMEOUT" and states[-1] == "COMPLETED", states
+    # ... and resumed from the checkpoint the killed one left
+    run = json.loads((workdir / target).read_text())
+    assert _find_key(run, "resumed") is True and _find_key(run, "resumed_from_step") > 0, run
+    metrics = [json.loads(line) for line in (workdir / "results/train/fp32/seed1/metrics.jsonl").open()]
+    assert [m["step"] for m in metrics] == list(range(1, RESUME_STEPS + 1))
+
+
+def _find_key(record, key):
+    """The value of ``key`` anywhere in a nested run.json record (None if absent)."""
+    if isinstance(record, dict):
+        if key in record:
+            return record[key]
+        record = list(record.values())
+    if isinstance(record, list):
+        for item in record:
+            found = _find_key(item, key)
+            if found is not None:
+                return found
+    return None

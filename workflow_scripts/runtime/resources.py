@@ -12,7 +12,8 @@ One place turns the config's ``resources:`` section (schema: ``schemas/config.sc
 |                        | whole job)                | --cpus-per-gpu=ceil(threads / gpus) (cpus_per_gpu)   |
 | mem_mb                 | resources.mem_mb          | --mem=mem_mb (MB per node; the job has one node)     |
 | runtime_min (train,    | resources.runtime =       | --time (null: the profile's default-resources)       |
-| evaluate)              | runtime_min x attempt     |                                                      |
+| evaluate, base_model)  | min(runtime_min x attempt,|                                                      |
+|                        | the partition's limit)    |                                                      |
 
 The train job's threads are at least its training processes (``train.distributed.processes``, or one per
 GPU when that is null): every process of a multi-process run needs a core of its own.
@@ -27,6 +28,9 @@ assumptions, not measurements: set them from a run's own ``completions_per_s`` (
 or set ``runtime_min``, which always wins. A retried job resumes per task (``evaluate.run_tasks``).
 A base_model job that loads a model (not ``tiny``) gets the same kind of estimate (``base_model_minutes``:
 greedy plus pass@8 on the on-task set with the HF sampler), and a retry resumes per chunk of prompts.
+A train job without ``runtime_min`` asks its ``estimate_min``. Under a SLURM profile every runtime is capped
+at the ``limit`` of the partitions the job can go to (``retries.py``: it also sets how many attempts the
+rule gets, so a run longer than the limit finishes by resuming).
 """
 
 from __future__ import annotations
@@ -70,9 +74,10 @@ def job_threads(config: Mapping, rule: str) -> int:
     return cpus
 
 
-def snakemake_resources(config: Mapping, rule: str) -> dict:
+def snakemake_resources(config: Mapping, rule: str, limit: int | None = None) -> dict:
     """The rule's ``resources:``: ``gpu`` and ``mem_mb``, ``cpus_per_gpu`` on a GPU job, and ``runtime``
-    where the config sets ``runtime_min``.
+    where the config sets ``runtime_min`` (train: or ``estimate_min``) or it is estimated, each attempt's
+    at most ``limit`` minutes (the partition's time limit, ``retries.SlurmProfile.limit``; None: no cap).
 
     ``cpus_per_gpu`` exists because the SLURM plugin sends ``--cpus-per-task=threads`` even for a GPU
     job unless it is set (snakemake_executor_plugin_slurm_jobstep.get_cpu_setting); rounding up keeps
@@ -82,14 +87,22 @@ def snakemake_resources(config: Mapping, rule: str) -> dict:
     out: dict = {"gpu": res["gpus"], "mem_mb": res["mem_mb"]}
     if res["gpus"] > 0:
         out["cpus_per_gpu"] = math.ceil(job_threads(config, rule) / res["gpus"])
-    minutes = (config["resources"].get(rule) or {}).get("runtime_min")
+    entry = config["resources"].get(rule) or {}
+    minutes = entry.get("runtime_min") or (entry.get("estimate_min") if rule == "train" else None)
     if minutes:
-        out["runtime"] = runtime(int(minutes))
+        out["runtime"] = runtime(int(minutes), limit)
     elif rule == "evaluate" and res["gpus"] > 0:
-        out["runtime"] = evaluate_runtime(config)
+        out["runtime"] = evaluate_runtime(config, limit)
     elif rule == "base_model" and config["model"]["source"] != "tiny":
-        out["runtime"] = base_model_runtime(config)
+        out["runtime"] = base_model_runtime(config, limit)
+    elif limit is not None:
+        out["runtime"] = runtime(EVAL_UNKNOWN_MIN, limit)
     return out
+
+
+def capped(minutes: int, limit: int | None) -> int:
+    """``minutes``, at most ``limit`` (None: no cap)."""
+    return minutes if limit is None else min(minutes, limit)
 
 
 def evaluate_minutes(config: Mapping, problems: Mapping[str, int]) -> int:
@@ -105,8 +118,9 @@ def evaluate_minutes(config: Mapping, problems: Mapping[str, int]) -> int:
     return math.ceil(EVAL_MARGIN * (EVAL_STARTUP_MIN + seconds / 60))
 
 
-def evaluate_runtime(config: Mapping):
-    """The evaluate job's ``runtime`` resource: ``evaluate_minutes`` of its eval data files x attempt."""
+def evaluate_runtime(config: Mapping, limit: int | None = None):
+    """The evaluate job's ``runtime`` resource: ``evaluate_minutes`` of its eval data files x attempt,
+    at most ``limit``."""
 
     def per_attempt(wildcards, input, attempt: int) -> int:  # input: Snakemake passes it by this name
         files = [input.data] if isinstance(input.data, str) else list(input.data)
@@ -116,8 +130,8 @@ def evaluate_runtime(config: Mapping):
                 with open(file, encoding="utf-8") as fh:
                     problems[Path(file).stem] = sum(1 for line in fh if line.strip())
         except FileNotFoundError:
-            return EVAL_UNKNOWN_MIN * attempt
-        return evaluate_minutes(config, problems) * attempt
+            return capped(EVAL_UNKNOWN_MIN * attempt, limit)
+        return capped(evaluate_minutes(config, problems) * attempt, limit)
 
     return per_attempt
 
@@ -133,25 +147,26 @@ def base_model_minutes(config: Mapping, problems: int, k: int = 8) -> int:
     return math.ceil(EVAL_MARGIN * (EVAL_STARTUP_MIN + seconds / 60))
 
 
-def base_model_runtime(config: Mapping):
+def base_model_runtime(config: Mapping, limit: int | None = None):
     """The base_model job's ``runtime`` (a loaded model): ``base_model_minutes`` of its on-task eval file
-    x attempt (before the file exists, in a dry run, the profile's 60 min x attempt)."""
+    x attempt (before the file exists, in a dry run, the profile's 60 min x attempt), at most ``limit``."""
 
     def per_attempt(wildcards, input, attempt: int) -> int:  # input: Snakemake passes it by this name
         try:
             with open(input.on_task, encoding="utf-8") as fh:
                 problems = sum(1 for line in fh if line.strip())
         except FileNotFoundError:
-            return EVAL_UNKNOWN_MIN * attempt
-        return base_model_minutes(config, problems) * attempt
+            return capped(EVAL_UNKNOWN_MIN * attempt, limit)
+        return capped(base_model_minutes(config, problems) * attempt, limit)
 
     return per_attempt
 
 
-def runtime(minutes: int):
-    """Snakemake's ``runtime`` resource: ``minutes`` per attempt, k x ``minutes`` for attempt k."""
+def runtime(minutes: int, limit: int | None = None):
+    """Snakemake's ``runtime`` resource: ``minutes`` per attempt, k x ``minutes`` for attempt k, at most
+    ``limit``."""
 
     def per_attempt(wildcards, attempt: int) -> int:
-        return minutes * attempt
+        return capped(minutes * attempt, limit)
 
     return per_attempt

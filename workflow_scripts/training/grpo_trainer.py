@@ -275,13 +275,51 @@ def outside_emulation(method):
 def sync_weights_cpu(generation) -> None:
     """TRL's colocated weight sync for vLLM's CPU build (tests on CPU only; a GPU runs TRL's own).
 
-    TRL loads each trained tensor through ``model_runner.model.load_weights``; the CPU build repacks its
-    linear weights at load time, after which that call fails ("'Parameter' object has no attribute
-    'weight_loader'"). vLLM's layerwise reload takes the same (name, tensor) stream and repacks it
-    (``driver_worker.reload_weights(weights_iterator=...)``); the prefix cache is reset as TRL does."""
+    TRL loads each trained tensor through ``model_runner.model.load_weights``. The CPU build packs every
+    linear weight for its GEMM kernel once, after loading (vllm/model_executor/layers/utils.py,
+    ``dispatch_cpu_unquantized_gemm``), so that call cannot update one: the projections' weights were
+    replaced by empty parameters ("'Parameter' object has no attribute 'weight_loader'", "Attempted to
+    load weight ... into parameter (torch.Size([0]))"), and the LM head loads without an error into a
+    weight its kernel no longer reads (its packed copy stays). Only the embedding and the norms load.
+    vLLM's layerwise reload takes TRL's same (name, tensor) stream, DTensor gather included, and packs
+    it again (``driver_worker.reload_weights(weights_iterator=...)``); the prefix cache is reset as TRL
+    does. ``tests/models/test_colocated_sync.py`` shows each of these on the CPU build."""
     worker = generation.llm.llm_engine.model_executor.driver_worker
     worker.reload_weights(weights_iterator=generation._iter_named_params())
     generation.llm.reset_prefix_cache()
+
+
+def reshard_fsdp(model) -> None:
+    """Every FSDP2 module of ``model`` back to its shards (a no-op for sharded ones and without FSDP2).
+
+    After a forward with no backward (a KL or held-out measurement between an optimizer step and the next
+    rollouts), FSDP2 keeps the root's parameters and those accelerate shards with
+    ``reshard_after_forward=False`` (final norm, LM head) gathered, as plain tensors; TRL's FSDP2 gather
+    calls ``full_tensor()`` on each and fails ("'Tensor' object has no attribute 'full_tensor'")."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def attach_colocated_sync(generation, engine_args: dict) -> None:
+    """The colocated engine's sync and generation as the trainer runs them: TRL's ``sync_weights``, or
+    ``sync_weights_cpu`` where the engine is vLLM's CPU build (``engine_args["platform"]``, from
+    ``vllm_engine_args``), after ``reshard_fsdp`` of the trained model, both outside ``bf16_matmul``'s
+    emulation (the engine computes with its own kernels, ``outside_emulation``)."""
+    load = (
+        partial(sync_weights_cpu, generation)
+        if engine_args.get("platform") == "cpu"
+        else generation.sync_weights
+    )
+
+    def sync_weights() -> None:
+        reshard_fsdp(generation.model)
+        load()
+
+    generation.sync_weights = outside_emulation(sync_weights)
+    generation.generate = outside_emulation(generation.generate)
 
 
 class CurriculumSampler(torch.utils.data.Sampler):
@@ -377,12 +415,7 @@ def make_trainer_class(
                 own.attach(self.temperature, self.args.cast_lm_head_to_fp32, self.accelerator.device)
                 self.own_sampler, self.own_sampler_probe = own, AutocastProbe(own.model)
             if getattr(self, "use_vllm", False):
-                generation = self.vllm_generation
-                if engine_args.get("platform") == "cpu":
-                    generation.sync_weights = partial(sync_weights_cpu, generation)
-                # the engine computes with its own kernels, outside bf16_matmul's emulation (its docstring)
-                generation.sync_weights = outside_emulation(generation.sync_weights)
-                generation.generate = outside_emulation(generation.generate)
+                attach_colocated_sync(self.vllm_generation, engine_args)
 
         def _get_train_sampler(self, dataset=None):
             base = super()._get_train_sampler(dataset)
