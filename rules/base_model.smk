@@ -4,21 +4,6 @@
 # never a synthetic off-task one), so adding a synthetic off-task task never rebuilds it. With
 # model.shipped it loads the shipped base (data/base) after checking its sha256s and recipe: those files
 # are inputs, so a rebuilt base (`make base`) reruns it.
-SHIPPED_BASE = config["model"].get("shipped")
-
-
-def base_model_inputs(wildcards):
-    inputs = {"sft": rules.prepare_train.output.sft, "on_task": str(paths.eval_data(ON_TASK))}
-    if HUB_MODEL:  # the hub model's copy (rules/fetch.smk): the job itself is offline
-        inputs["hub_model"] = str(hub_copies.model_copy(HUB_MODEL))
-    if SHIPPED_BASE:
-        folder = shipped_base.shipped_dir(SHIPPED_BASE, workflow.basedir)
-        inputs["shipped"] = [str(folder / shipped_base.MANIFEST)] + [
-            str(folder / name) for name in shipped_base.shipped_files(folder)
-        ]
-    return inputs
-
-
 rule base_model:
     input:
         unpack(base_model_inputs),

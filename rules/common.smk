@@ -41,8 +41,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # No job reaches the Hugging Face hub (compute nodes often have no network): the local fetch rules
 # (rules/fetch.smk) copy what the config reads from it first, under the HF_HUB_OFFLINE the run started with
 # (kept in hub_copies.OFFLINE_ENV); a SLURM job inherits both and re-reads this file.
-os.environ.setdefault(hub_copies.OFFLINE_ENV, os.environ.get("HF_HUB_OFFLINE", ""))
-os.environ["HF_HUB_OFFLINE"] = "1"
+hub_copies.offline_jobs()
 
 RESULTS = paths.RESULTS
 TASKS = list(config["data"]["tasks"])
@@ -159,6 +158,24 @@ def all_targets():
     targets += [str(paths.kl_summary(r, t)) for r in SNAPSHOT_RUNS for t in OFF_TASKS]
     targets += [str(paths.analysis_dir() / "stats.json"), str(paths.analysis_dir() / "report.md")]
     return targets
+
+
+# ------------------------------------------------------------ base model (rules/base_model.smk)
+
+SHIPPED_BASE = config["model"].get("shipped")
+
+
+def base_model_inputs(wildcards):
+    inputs = {"sft": rules.prepare_train.output.sft, "on_task": str(paths.eval_data(ON_TASK))}
+    if HUB_MODEL:  # the hub model's copy (rules/fetch.smk): the job itself is offline
+        inputs["hub_model"] = str(hub_copies.model_copy(HUB_MODEL))
+    if SHIPPED_BASE:
+        folder = shipped_base.shipped_dir(SHIPPED_BASE, workflow.basedir)
+        inputs["shipped"] = [str(folder / shipped_base.MANIFEST)] + [
+            str(folder / name) for name in shipped_base.shipped_files(folder)
+        ]
+    return inputs
+
 
 
 # ------------------------------------------------------------ evaluate (rules/evaluate.smk, H-fast's)

@@ -13,6 +13,8 @@ wildcard_constraints:
 rule fetch_dataset:
     output:
         dataset=str(hub_copies.dataset_copy("{dataset}")),
+    params:
+        code=code("fetch"),
     log:
         "logs/fetch/{dataset}.log",
     benchmark:
@@ -32,6 +34,7 @@ rule fetch_model:
         model=directory(str(hub_copies.model_copy("{model}"))),
     params:
         source=HUB_MODEL,
+        code=code("fetch"),
     log:
         "logs/fetch/{model}.log",
     benchmark:

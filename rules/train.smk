@@ -5,7 +5,9 @@
 # params = the train section + this precision arm (+ the base model's dtype/trust flags) + the code
 # version, so changing an eval/analysis setting never reruns training. `processes` (the run's world size,
 # from train.distributed or one per GPU of resources.train) is a param: a new world size retrains.
-# GPUs, threads and memory: config `resources.train` (job_threads/job_resources, rules/common.smk).
+# GPUs, threads and memory: config `resources.train` (job_threads/job_resources, rules/common.smk). retries:
+# under a SLURM profile, what the run's estimate needs to finish by resuming within the partition's time
+# limit (job_retries; workflow_scripts/runtime/retries.py), else the profile's.
 # heldout.jsonl: the run's held-out curve, measured during training on every task's eval set (an input)
 # with the settings heldout_spec collects (train.eval_* and the eval section's sampling and verifiers:
 # a param, so changing them retrains; other eval settings do not). curriculum: train.curriculum's phases.

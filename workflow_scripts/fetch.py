@@ -15,8 +15,23 @@ from workflow_scripts.runtime.smk import main_from
 log = logging.getLogger("fetch")
 
 
+def run(results: str | Path, datasets: list[str] = (), model: str | None = None) -> dict[str, str]:
+    """Copy each dataset in ``datasets`` and the hub ``model`` under ``results``/hub; returns what went
+    where (name -> copy). The CLI's entry: HF_HUB_OFFLINE stays as the caller set it."""
+    written = {}
+    for name in datasets:
+        out = hub_copies.dataset_copy(name, results)
+        log.info("%s: %d records -> %s", name, hub_copies.fetch_dataset(name, out), out)
+        written[name] = str(out)
+    if model:
+        out = Path(hub_copies.model_copy(model, results))
+        log.info("%s: %d files -> %s", model, len(hub_copies.fetch_model(model, out)), out)
+        written[model] = str(out)
+    return written
+
+
 def from_snakemake(smk) -> None:
-    """fetch_dataset: one dataset (wildcard ``dataset``); fetch_model: ``params.source``."""
+    """fetch_dataset: one dataset (wildcard ``dataset``) into its output; fetch_model: ``params.source``."""
     hub_copies.go_online_as_started()
     if smk.rule == "fetch_dataset":
         n = hub_copies.fetch_dataset(smk.wildcards.dataset, smk.output.dataset)
@@ -33,12 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for name in args.dataset:
-        out = hub_copies.dataset_copy(name, args.results)
-        log.info("%s: %d records -> %s", name, hub_copies.fetch_dataset(name, out), out)
-    if args.model:
-        out = Path(hub_copies.model_copy(args.model, args.results))
-        log.info("%s: %d files -> %s", args.model, len(hub_copies.fetch_model(args.model, out)), out)
+    run(args.results, args.dataset, args.model)
     return 0
 
 

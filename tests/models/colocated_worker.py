@@ -80,7 +80,10 @@ def main(model_dir: str, out_dir: str, rounds: int) -> dict:
     clock = {"start": time.perf_counter()}
     torch.set_num_threads(1)
     prepare_process()
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True)
+    # the train stage's FSDP2 settings (grpo_config.fsdp_args): each decoder layer its own group
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                            reshard_after_forward=True, state_dict_type="FULL_STATE_DICT",
+                                            cpu_ram_efficient_loading=False)  # fmt: skip
     with fsdp_on_cpu():
         accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
     rank = accelerator.process_index

@@ -92,10 +92,10 @@ def test_every_round_the_engine_gets_trls_gathered_tensors_and_they_equal_the_tr
             assert entry["gathered_names"] == entry["state_names"] and len(entry["gathered_names"]) == 21
             assert all(entry["gathered_equal"].values())  # bit-equal to torch's own full-state gather
             assert entry["local_shards_match"]  # and each rank's shard is its chunk of them
-        # round 0 measured the trainer's log-probs before the sync: a forward with no backward left the root
-        # and accelerate's tail group gathered (plain tensors); the sync resharded them before TRL's gather
-        assert record["rounds"][0]["gathered_before_sync"] == ["lm_head.weight", "model.embed_tokens.weight",
-                                                               "model.norm.weight"]  # fmt: skip
+        # round 0 measured the trainer's log-probs before the sync: a forward with no backward left
+        # accelerate's tail group (final norm, LM head; reshard_after_forward=False) gathered as plain
+        # tensors, and the sync resharded them before TRL's gather (grpo_trainer.reshard_fsdp)
+        assert record["rounds"][0]["gathered_before_sync"] == ["lm_head.weight", "model.norm.weight"]
         assert all(
             not entry["gathered_before_sync"] for entry in record["rounds"][1:]
         )  # a backward came first

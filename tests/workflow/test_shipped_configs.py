@@ -116,7 +116,7 @@ def test_shipped_config_plans_its_own_jobs_with_the_readme_command(tmp_path, nam
     runs = set(re.findall(r"results/eval/([^/\s]+)/", outputs))
     assert tasks == set(config["data"]["tasks"])
     assert arms == set(config["precisions"])
-    assert runs == set(paths.run_names(config))
+    assert runs == set(paths.run_names(config)) | set(paths.snapshot_runs(config))  # snapshots: evaluated too
 
 
 def test_paper_config_plans_exactly_the_paper_tasks_and_arms(tmp_path):

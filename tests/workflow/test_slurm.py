@@ -18,6 +18,10 @@ finished jobs visible to squeue) and guesses no account (--slurm-no-account). pr
 local-machine profile: cores 2, a 20 GB memory cap) is switched off with --workflow-profile none, as the
 README says for cluster runs. Skipped, with the reason, where the daemons cannot run (not root, SLURM not
 installed); under CI a daemon that does not come up is a failure, not a skip.
+
+A third run (test_a_train_job_longer_than_its_partitions_limit_...) gives a profile copy a 1-minute gpu
+partition: the train job's estimate exceeds it, SLURM kills the first attempt at its limit and the retries
+that runtime/retries.py planned bring it back to resume from its checkpoint.
 """
 
 from __future__ import annotations
@@ -391,23 +395,26 @@ def test_a_multi_gpu_train_job_asks_for_one_node_with_its_gpus_cpus_and_memory(s
 # --------------------------------------------------- a train job longer than its partition's time limit
 # The job's estimate (resources.train.estimate_min 2) exceeds the gpu partition's max_runtime (1 minute, in a
 # copy of the profile's partitions.yaml): runtime/retries.py caps every attempt at -t 1 and gives the rule
-# the retries it needs; SLURM kills the first attempt at its limit (within 30 s after it: slurmctld checks
-# limits every 30 s), Snakemake resubmits it, and it resumes from its checkpoint. Each optimizer step is
-# slowed to STEP_SLEEP s (a sitecustomize on PYTHONPATH that the jobs inherit wraps Trainer.training_step),
-# so the run lasts ~RESUME_STEPS x STEP_SLEEP s whatever the machine: longer than one attempt, shorter than
-# two. Its time: ~2.5-4 min (two or three attempts of <= 90 s, and the plugin's status checks, which back off
-# by 10 s each up to the job's end).
-RESUME_STEPS, STEP_SLEEP = 24, 3.0
+# the retries it needs; SLURM kills the first attempt at its limit (60-90 s after it starts: slurmctld checks
+# limits every 30 s), Snakemake resubmits it, and it resumes from its checkpoint. The first attempt is made
+# too long for any machine by a sitecustomize on PYTHONPATH (the jobs inherit it) that sleeps STEP_SLEEP s in
+# each Trainer.training_step while the run has no checkpoint; the resumed attempt runs at full speed, far
+# inside its minute (one finishing its work after the limit but before slurmctld's check would be marked
+# TIMEOUT with its outputs and checkpoints gone). Upstream jobs run locally first. Its time: ~4 min on
+# 2 cores (upstream ~70 s, the SLURM run ~170 s of which ~70 s are waits for the plugin's status checks).
+RESUME_STEPS, STEP_SLEEP = 12, 8.0
 SLOW_STEPS = """\
-import json
+import glob
 import os
 import sys
 
 _SLEEP = float(os.environ.get("RLVR_TEST_STEP_SLEEP") or 0)
+_CHECKPOINTS = os.environ.get("RLVR_TEST_CHECKPOINTS", "")
 
 
 class _SlowTrainer:
-    \"\"\"Wraps transformers' Trainer.training_step with a sleep when transformers.trainer is imported.\"\"\"
+    \"\"\"Wraps transformers' Trainer.training_step with a sleep when transformers.trainer is imported by a
+    run that has no checkpoint to resume from.\"\"\"
 
     def find_spec(self, name, path=None, target=None):
         if name != "transformers.trainer":
@@ -416,6 +423,8 @@ class _SlowTrainer:
 
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
+        if glob.glob(os.path.join(_CHECKPOINTS, "checkpoint-*")):
+            return spec
         run = spec.loader.exec_module
 
         def exec_module(module):
@@ -448,7 +457,7 @@ def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishe
     )
     config["resources"] = {
         **RESOURCES,
-        "train": {**RESOURCES["train"], "estimate_min": 2, "startup_min": 0.4},
+        "train": {**RESOURCES["train"], "estimate_min": 2, "startup_min": 0.25},
     }
     workdir = make_workflow_dir(tmp_path / "wf", config)
     profile = workdir / "profile-short"
@@ -462,7 +471,13 @@ def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishe
         "RLVR_TEST_STEP_SLEEP": str(STEP_SLEEP),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
     }  # fmt: skip
+    env["RLVR_TEST_CHECKPOINTS"] = str(workdir / "results/checkpoints/fp32/seed1")
     target = "results/train/fp32/seed1/run.json"
+    # what train reads, built locally first (a SLURM job's status checks back off by 10 s each)
+    upstream = [SNAKEMAKE, "--cores", "2", "--directory", str(workdir), "--omit-from", "train", target]
+    log_workflow_run(upstream[1:], via="snakemake (upstream of train, local)")
+    proc = subprocess.run(upstream, capture_output=True, text=True, env=env, cwd=workdir, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cmd = [
         SNAKEMAKE, "--profile", str(profile), "--workflow-profile", "none",
         "--directory", str(workdir), "--snakefile", str(workdir / "Snakefile"),
@@ -481,18 +496,18 @@ def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishe
     )
     print(f"resumed SLURM train run: {seconds:.0f} s")
 
-    # the plan printed at the start: 1 + ceil((2 - 1) / (1 - 0.4 - 2 x 2/24)) = 4 attempts; retries 3 + 2
+    # the plan printed at the start: 1 + ceil((2 - 1) / (1 - 0.25 - 2 x 2/12)) = 4 attempts; retries 3 + 2
     row = next(line for line in log.splitlines() if line.startswith("train ") and " min " in line)
     assert row.split()[-2:] == ["4", "5"], row
     # every attempt asked the partition's limit; the first was killed at it, the last completed
     train = [
         (slurm_id, job) for slurm_id, job in slurm_cluster.jobs().items()
-        if slurm_id in dict(SUBMITTED.findall(log)).values() and _rule(job) == "train"
+        if slurm_id in {sid for _, sid in SUBMITTED.findall(log)} and _rule(job) == "train"
     ]  # fmt: skip
-    assert len(train) >= 2, log[-4000:]
+    assert len(train) == 2, log[-4000:]
     assert all(job["TimeLimit"] == "00:01:00" for _, job in train), train
     states = [job["JobState"] for _, job in sorted(train, key=lambda item: int(item[0]))]
-    assert states[0] == "TIMEOUT" and states[-1] == "COMPLETED", states
+    assert states == ["TIMEOUT", "COMPLETED"], states
     # ... and resumed from the checkpoint the killed one left
     run = json.loads((workdir / target).read_text())
     assert _find_key(run, "resumed") is True and _find_key(run, "resumed_from_step") > 0, run

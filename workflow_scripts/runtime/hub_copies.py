@@ -86,6 +86,14 @@ def local_path(entry: Mapping, copies: Mapping[str, str] | None) -> str | None:
     return entry.get("path") or (copies or {}).get(entry["source"])
 
 
+def offline_jobs() -> None:
+    """Every job of this workflow offline (HF_HUB_OFFLINE=1), the value the user started with kept in
+    ``OFFLINE_ENV`` for the fetch jobs (``go_online_as_started``). rules/common.smk calls it at parse time,
+    so a SLURM job, which re-reads the Snakefile, is offline too."""
+    os.environ.setdefault(OFFLINE_ENV, os.environ.get("HF_HUB_OFFLINE", ""))
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
 def go_online_as_started() -> None:
     """For a fetch job: HF_HUB_OFFLINE back to the value the workflow started with (unset: online).
     Must run before huggingface_hub or datasets is imported (both read it once, at import)."""

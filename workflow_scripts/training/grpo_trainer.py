@@ -51,6 +51,9 @@ else changes (bit-identical training). TRL's rollout metrics (reward, lengths, f
 average over every group drawn. Kept groups from different draws are re-padded to a common width and
 all-padding columns removed; old log-probs stay those of each draw (Llama's rotary positions make a
 shift of left padding change them only by rounding).
+
+Long on purpose: every override of TRL's loop stays in this one class, so the table above is the whole
+list of where the project departs from TRL (the colocated sync's FSDP2 helpers included).
 """
 
 from __future__ import annotations
