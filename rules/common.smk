@@ -83,6 +83,7 @@ def code(stage):
 # Under a SLURM profile (executor slurm; retries.slurm_profile reads its partitions.yaml) each job's runtime
 # is capped at the max_runtime of the partitions it can go to, and the long rules (train, evaluate,
 # base_model) get the retries their estimate needs to finish by resuming; the plan is printed (a dry run too).
+# A train job without runtime_min asks its plan's estimate (estimate_min, else the cluster plan's) x attempt.
 SLURM = retries.slurm_profile()
 ATTEMPTS = {plan.rule: plan for plan in retries.plans(config, SLURM)}
 RETRIES = {rule: retries.rule_retries(plan, SLURM) for rule, plan in ATTEMPTS.items()}
@@ -97,7 +98,7 @@ def job_threads(rule):
 def job_resources(rule):
     """gpu, mem_mb (and cpus_per_gpu for a GPU job), runtime: `resources: **job_resources("<rule>")`."""
     limit = SLURM.limit(rule_resources(config, rule)["gpus"]) if SLURM else None
-    return snakemake_resources(config, rule, limit)
+    return snakemake_resources(config, rule, limit, ATTEMPTS["train"].estimate if rule == "train" else None)
 
 
 def job_retries(rule):

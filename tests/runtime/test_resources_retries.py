@@ -88,6 +88,8 @@ def test_each_attempt_asks_at_most_the_partitions_limit():
     config["resources"]["train"].update(runtime_min=None, estimate_min=400)
     assert resources.snakemake_resources(config, "train", limit=250)["runtime"](None, 1) == 250
     assert resources.snakemake_resources(config, "train")["runtime"](None, 1) == 400  # no limit: the estimate
+    config["resources"]["train"]["estimate_min"] = None  # the plan's estimate (retries.train_plan), if any
+    assert resources.snakemake_resources(config, "train", limit=250, estimate=120)["runtime"](None, 3) == 250
     # a rule with no runtime of its own: the profile's 60 min x attempt, capped
     assert resources.snakemake_resources(config, "sparsity", limit=90)["runtime"](None, 2) == 90
     assert "runtime" not in resources.snakemake_resources(config, "sparsity")
@@ -148,3 +150,9 @@ def test_a_dry_run_through_a_slurm_profile_prints_each_long_rules_attempts(tmp_p
     assert row.split()[-2:] == ["5", "6"], row
     train = next(b for b in out.split("rule ")[1:] if b.startswith("train:"))
     assert "runtime=60" in train
+
+
+def test_the_base_model_chunk_is_the_stages_own():
+    from workflow_scripts import base_model
+
+    assert retries.BASE_MODEL_CHUNK == base_model.HEADROOM_CHUNK

@@ -15,7 +15,7 @@ from workflow_scripts import stats
 from workflow_scripts.report import base_section, matched_section
 from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.config import load_config
-from workflow_scripts.statistics import matched, simulation
+from workflow_scripts.statistics import matched, simulation, summary
 
 FAST = {"bootstrap": 200, "power_simulations": 10, "max_seeds": 16, "null_splits": 20}
 
@@ -82,6 +82,12 @@ def test_each_arm_is_compared_at_the_step_where_the_reference_moved_as_far():
     json.dumps(out, allow_nan=False)
     text = matched_section(out)
     assert "## Movement-matched comparison" in text and "bf16 vs fp32 at step 12" in text
+    # the summary reads this very block: an arm found "smaller" is read at its matched step
+    out["verdicts"]["H2"]["by_arm"]["bf16"]["finding"] = "smaller"
+    bullet = summary.matched_bullet(out)
+    ratio = f"{summary.fmt(b['dJ']['ratio'])}x {summary.ci(b['dJ']['ratio_ci'])}"
+    assert bullet.startswith("At equal movement") and "bf16 (reference at step 12, KL ratio" in bullet
+    assert f"off-task dJ {b['dJ']['finding']}, {ratio}" in bullet and "not compared" not in bullet
 
 
 def test_a_larger_spread_at_equal_movement_is_found_larger():

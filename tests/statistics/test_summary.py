@@ -164,11 +164,18 @@ def test_smaller_is_read_against_the_movement_matched_comparison_or_says_it_is_m
     out = " ".join(sentences(s))
     assert "bf16_drop smaller, 0.02x [0.009, 0.049]" in out
     assert "the movement-matched comparison is not available in this run" in out
-    s["matched"] = {"status": "ok", "by_arm": {"bf16_drop": {"finding": "not larger than r0", "ratio": 0.9,
-                                                            "ratio_ci": [0.4, 1.8]}}}  # fmt: skip
+    at = {"status": "ok", "step": "6", "kl_ratio": 0.99}  # statistics.matched.matched's shape
+    s["matched"] = {"status": "ok", "arms": {"bf16_drop": {
+        "match": at, "dJ": {"status": "ok", "finding": "inconclusive", "ratio": 0.6, "ratio_ci": [0.26, 1.6]},
+        "kl": {"status": "ok", "finding": "smaller", "ratio": 0.2, "ratio_ci": [0.08, 0.58]}}}}  # fmt: skip
     out = " ".join(sentences(s))
-    assert "At equal movement (the reference's checkpoints at the arm's off-task KL): bf16_drop not larger " \
-        "than r0, 0.9x [0.4, 1.8]." in out  # fmt: skip
+    assert "bf16_drop (reference at step 6, KL ratio 0.99): off-task dJ inconclusive, 0.6x [0.26, 1.6]; " \
+        "off-task KL still smaller, 0.2x [0.08, 0.58]." in out  # fmt: skip
+    s["verdicts"]["H2"]["by_arm"]["bf16_drop"] = _by_arm("smaller")
+    out = " ".join(sentences(s))
+    assert "off-task dJ inconclusive, 0.6x [0.26, 1.6]: not shown smaller once movement is matched" in out
+    s["matched"]["arms"]["bf16_drop"]["match"] = {"status": "skipped", "reason": "no positive mean"}
+    assert "bf16_drop not compared (no positive mean)" in " ".join(sentences(s))
 
 
 def test_an_inconclusive_not_after_holm_gives_its_adjusted_p_and_no_yardstick_is_said():

@@ -28,9 +28,10 @@ assumptions, not measurements: set them from a run's own ``completions_per_s`` (
 or set ``runtime_min``, which always wins. A retried job resumes per task (``evaluate.run_tasks``).
 A base_model job that loads a model (not ``tiny``) gets the same kind of estimate (``base_model_minutes``:
 greedy plus pass@8 on the on-task set with the HF sampler), and a retry resumes per chunk of prompts.
-A train job without ``runtime_min`` asks its ``estimate_min``. Under a SLURM profile every runtime is capped
-at the ``limit`` of the partitions the job can go to (``retries.py``: it also sets how many attempts the
-rule gets, so a run longer than the limit finishes by resuming).
+A train job without ``runtime_min`` asks its estimate (``estimate_min``, else the cluster plan's).
+Under a SLURM profile every runtime is capped at the ``limit`` of the partitions the job can go to
+(``retries.py``: it also sets how many attempts the rule gets, so a run longer than the limit finishes
+by resuming).
 """
 
 from __future__ import annotations
@@ -74,10 +75,13 @@ def job_threads(config: Mapping, rule: str) -> int:
     return cpus
 
 
-def snakemake_resources(config: Mapping, rule: str, limit: int | None = None) -> dict:
+def snakemake_resources(
+    config: Mapping, rule: str, limit: int | None = None, estimate: int | None = None
+) -> dict:
     """The rule's ``resources:``: ``gpu`` and ``mem_mb``, ``cpus_per_gpu`` on a GPU job, and ``runtime``
-    where the config sets ``runtime_min`` (train: or ``estimate_min``) or it is estimated, each attempt's
-    at most ``limit`` minutes (the partition's time limit, ``retries.SlurmProfile.limit``; None: no cap).
+    where the config sets ``runtime_min`` or it is estimated (train: ``estimate``, the plan's,
+    ``retries.train_plan``), each attempt's at most ``limit`` minutes (the partition's time limit,
+    ``retries.SlurmProfile.limit``; None: no cap).
 
     ``cpus_per_gpu`` exists because the SLURM plugin sends ``--cpus-per-task=threads`` even for a GPU
     job unless it is set (snakemake_executor_plugin_slurm_jobstep.get_cpu_setting); rounding up keeps
@@ -88,7 +92,7 @@ def snakemake_resources(config: Mapping, rule: str, limit: int | None = None) ->
     if res["gpus"] > 0:
         out["cpus_per_gpu"] = math.ceil(job_threads(config, rule) / res["gpus"])
     entry = config["resources"].get(rule) or {}
-    minutes = entry.get("runtime_min") or (entry.get("estimate_min") if rule == "train" else None)
+    minutes = entry.get("runtime_min") or (entry.get("estimate_min") or estimate if rule == "train" else None)
     if minutes:
         out["runtime"] = runtime(int(minutes), limit)
     elif rule == "evaluate" and res["gpus"] > 0:

@@ -51,8 +51,7 @@ from workflow_scripts.runtime.resources import (
     rule_resources,
 )
 
-LONG_RULES = ("train", "evaluate", "base_model")
-BASE_MODEL_CHUNK = 64  # prompts a base_model attempt scores between two resume points (base_model.py)
+BASE_MODEL_CHUNK = 64  # base_model.HEADROOM_CHUNK (a torch module): prompts between two resume points
 PROFILE_FILES = ("config.yaml", "profile.yaml")
 
 

@@ -296,14 +296,27 @@ def variance_bullets(stats: Mapping) -> list[str]:
     return out
 
 
+def _matched_word(absolute: str | None, at_match: Mapping) -> str:
+    """What an absolute finding becomes at equal movement (one quantity of ``matched.arms[arm]``)."""
+    if at_match.get("status") != "ok":
+        return f"not compared ({at_match.get('reason') or 'no fit'})"
+    found = at_match.get("finding", "n/a")
+    said = f"{found}, {fmt(at_match.get('ratio'))}x {ci(at_match.get('ratio_ci'))}"
+    if absolute != "smaller":
+        return said
+    return f"still {said}" if found == "smaller" else f"{said}: not shown smaller once movement is matched"
+
+
 def matched_bullet(stats: Mapping) -> str | None:
-    """What a smaller variance means given the movement-matched comparison (stats.json ``matched``:
-    {status, by_arm{arm: {finding, ratio, ratio_ci, quantity}}} or its ``sentence``); only where some
-    arm's variance is smaller."""
-    smaller = sorted(
-        {a for h in ("H2", "H3") for a, v in (get(stats, "verdicts", h, "by_arm") or {}).items()
-         if v.get("finding") == "smaller"}
-    )  # fmt: skip
+    """What a smaller variance means given the movement-matched comparison (stats.json ``matched``, as
+    ``statistics.matched.matched`` writes it: ``arms[arm]`` = {match{status, step, kl_ratio}, dJ, kl});
+    only for arms whose H2 or H3 finding is "smaller"."""
+    findings = {
+        (h, a): v.get("finding")
+        for h in ("H2", "H3")
+        for a, v in (get(stats, "verdicts", h, "by_arm") or {}).items()
+    }
+    smaller = sorted({a for (_, a), f in findings.items() if f == "smaller"})
     if not smaller:
         return None
     who = ", ".join(smaller)
@@ -313,17 +326,22 @@ def matched_bullet(stats: Mapping) -> str | None:
             f"A smaller variance ({who}) is not yet more stable training: an arm that moves less also varies "
             "less, and the movement-matched comparison is not available in this run."
         )
-    if matched.get("sentence"):
-        return str(matched["sentence"]).rstrip(".") + "."
     items = []
     for a in smaller:
-        m = (matched.get("by_arm") or {}).get(a) or {}
-        if m:
-            items.append(f"{a} {m.get('finding', 'n/a')}, {fmt(m.get('ratio'))}x {ci(m.get('ratio_ci'))}")
-        else:
-            items.append(f"{a} not compared")
+        block = (matched.get("arms") or {}).get(a) or {}
+        match = block.get("match") or {}
+        if match.get("status") != "ok":
+            items.append(f"{a} not compared ({match.get('reason') or 'no match'})")
+            continue
+        step = "its final step" if match.get("step") == "final" else f"step {match.get('step')}"
+        qs = [
+            f"off-task {word} {_matched_word(findings.get((h, a)), block.get(q) or {})}"
+            for h, q, word in (("H2", "dJ", "dJ"), ("H3", "kl", "KL"))
+        ]
+        items.append(f"{a} (reference at {step}, KL ratio {fmt(match.get('kl_ratio'))}): " + "; ".join(qs))
     return (
-        "At equal movement (the reference's checkpoints at the arm's off-task KL): " + "; ".join(items) + "."
+        "At equal movement (the reference's own checkpoints where its off-task KL matches the arm's; "
+        "Holm over that block): " + "; ".join(items) + "."
     )
 
 
