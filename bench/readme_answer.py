@@ -152,17 +152,25 @@ def _span(values: list[str]) -> str:
     return show[0] if show[0] == show[1] else f"{show[0]}-{show[1]}"
 
 
+def _point(cell: str) -> str:
+    """A table cell "<mean> [<lo>, <hi>]" as its mean, marked where the interval holds 0."""
+    m = re.match(rf"(?P<mean>{NUM}) \[(?P<lo>{NUM}), (?P<hi>{NUM})\]", cell or "")
+    if not m:
+        return cell or "n/a"
+    holds_zero = float(m["lo"]) <= 0 <= float(m["hi"])
+    return m["mean"] + (" (interval holds 0)" if holds_zero else "")
+
+
 def means_sentence(g: dict, mains: list[dict], bundles: list[dict]) -> str:
-    items = [
-        f"{b['on']} / {b['off']} for the bundle {b['arm']} "
-        f"({' + '.join(short_name(p) for p in b['name'].split(' + '))}, the source experiment's bf16 arm)"
+    items = [f"{short_name(m['name'])} ({m['arm']}) {_point(m['on'])} / {_point(m['off'])}" for m in mains]
+    items += [
+        f"{' + '.join(short_name(p) for p in b['name'].split(' + '))} ({b['arm']}, the source experiment's "
+        f"bf16 arm) {_point(b['on'])} / {_point(b['off'])}"
         for b in bundles
     ]
-    items += [f"{m['on']} / {m['off']} for {short_name(m['name'])} alone ({m['arm']})" for m in mains]
-    body = "; ".join(items[:-1]) + ("; and " if len(items) > 1 else "") + items[-1]
     return (
-        f"Training works here ({g['arm']}'s on-task dJ {g['mean']} ± {g['se']}, SE over {g['n']} seeds), "
-        f"and the mean dJ against {g['arm']}, on-task / off-task [95% CI], is {body}."
+        f"Training works ({g['arm']}'s on-task dJ {g['mean']} ± {g['se']} SE, {g['n']} seeds); against "
+        f"{g['arm']}, the mean dJ on-task / off-task is " + "; ".join(items) + "."
     )
 
 
@@ -173,23 +181,19 @@ def variance_sentence(ref: str, var: dict) -> str:
         f"{a} on {h}" for h in ("H2", "H3") for a, v in var.get(h, {}).items() if v["finding"] == "larger"
     ]
     lead = (
-        f"Found larger than {ref}'s: {', '.join(larger)}"
+        f"Seed variance found larger than {ref}'s: {', '.join(larger)}"
         if larger
-        else f"No arm's seed variance of off-task dJ (H2) or of off-task KL (H3) is found larger than {ref}'s"
+        else f"No arm's seed variance (the spread across training seeds) of off-task dJ or KL is found "
+        f"larger than {ref}'s"
     )
 
     def cell(v: dict | None) -> str:
-        return f"{v['ratio']} {v['finding']}" if v else "n/a"
+        return f"{v['finding']} ({v['ratio'].split(' ')[0]}x)" if v else "n/a"
 
-    items = [f"{a} {cell(h2.get(a))} and {cell(h3.get(a))}" for a in arms]
+    items = [f"{a} {cell(h2.get(a))} / {cell(h3.get(a))}" for a in arms]
     twin = next((v["twin"] for v in h2.values() if v["twin"]), "")
-    twin3 = next((v["twin"] for v in h3.values() if v["twin"]), "")
-    tail = ""
-    if twin:
-        name, _, r2 = twin.partition(" ")
-        r3 = twin3.partition(" ")[2] or "n/a"
-        tail = f"; the null twin {name}, which differs from {ref} by its seeds alone, gets {r2} and {r3}"
-    return f"{lead} (ratio arm / {ref} [95% CI], H2 then H3): " + "; ".join(items) + tail + "."
+    tail = f"; a null twin, {ref} again with other seeds, gets {twin.partition(' ')[2]}" if twin else ""
+    return f"{lead} (dJ / KL, ratio arm / {ref}): " + "; ".join(items) + tail + "."
 
 
 def detect_sentence(text: str, ref: str, var: dict) -> str:
@@ -208,8 +212,8 @@ def detect_sentence(text: str, ref: str, var: dict) -> str:
         else ""
     )
     return (
-        f"{head} this run detects only seed-variance ratios of {mde}x or more at {target} power{overlay}, "
-        f"and all of it is {CAVEAT}."
+        f"{head}, this run detects only seed-variance ratios of {mde}x or more at {target} power{overlay}; "
+        f"all of it is {CAVEAT}."
     )
 
 

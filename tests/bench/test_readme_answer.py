@@ -55,16 +55,17 @@ def synthetic_report(s: dict) -> str:
 def test_the_answer_reads_the_format_report_py_writes_now():
     text = synthetic_report(synthetic_stats())
     means, variance, detect = readme_answer.answer(text).splitlines()
-    assert means.startswith("Training works here (fp32's on-task dJ +0.313 ± 0.005, SE over 16 seeds)")
-    assert "-0.19 [-0.21, -0.17] / -0.02 [-0.04, 0] for the bundle bf16_drop (stall + dropout" in means
-    assert "-0.089 [-0.109, -0.069] / -0.01 [-0.03, 0.01] for stall alone (bf16)" in means
-    assert "for SR noise alone (bf16_sr)" in means and "for dropout alone (fp32_drop)" in means
-    assert variance.startswith("Found larger than fp32's: fp32_drop on H3")
-    assert "fp32_drop 1.1 [0.4, 3] inconclusive and 4.2 [1.6, 11] larger" in variance
+    assert means.startswith("Training works (fp32's on-task dJ +0.313 ± 0.005 SE, 16 seeds); against fp32")
     assert (
-        "the null twin fp32_twin, which differs from fp32 by its seeds alone, gets 1.3 [0.5, 3.1]" in variance
+        "stall + dropout (bf16_drop, the source experiment's bf16 arm) -0.19 / -0.02 (interval holds 0)"
+        in means
     )
-    assert detect.startswith("With 8 seeds per arm against 16 of fp32 this run detects only")
+    assert "stall (bf16) -0.089 / -0.01 (interval holds 0)" in means
+    assert "SR noise (bf16_sr)" in means and "dropout (fp32_drop)" in means
+    assert variance.startswith("Seed variance found larger than fp32's: fp32_drop on H3")
+    assert "fp32_drop inconclusive (1.1x) / larger (4.2x)" in variance
+    assert "a null twin, fp32 again with other seeds, gets 1.3 [0.5, 3.1]" in variance
+    assert detect.startswith("With 8 seeds per arm against 16 of fp32, this run detects only")
     assert "ratios of 6x or more at 80% power" in detect
     assert (
         "(`config.decisive.yaml`, 48 seeds per arm, measured MDE 2x, answers the variance questions)"
@@ -78,7 +79,7 @@ def test_without_a_larger_finding_the_answer_says_none_is_found_larger():
     s["verdicts"]["H3"]["by_arm"]["fp32_drop"].update(finding="inconclusive", verdict="inconclusive")
     variance = readme_answer.answer(synthetic_report(s)).splitlines()[1]
     assert variance.startswith(
-        "No arm's seed variance of off-task dJ (H2) or of off-task KL (H3) is found larger"
+        "No arm's seed variance (the spread across training seeds) of off-task dJ or KL"
     )
 
 
