@@ -400,8 +400,8 @@ def test_a_multi_gpu_train_job_asks_for_one_node_with_its_gpus_cpus_and_memory(s
 # too long for any machine by a sitecustomize on PYTHONPATH (the jobs inherit it) that sleeps STEP_SLEEP s in
 # each Trainer.training_step while the run has no checkpoint; the resumed attempt runs at full speed, far
 # inside its minute (one finishing its work after the limit but before slurmctld's check would be marked
-# TIMEOUT with its outputs and checkpoints gone). Upstream jobs run locally first. Its time: ~4 min on
-# 2 cores (upstream ~70 s, the SLURM run ~170 s of which ~70 s are waits for the plugin's status checks).
+# TIMEOUT with its outputs and checkpoints gone). Upstream jobs come from the local reference run of
+# slurm_run (copied); the SLURM run takes ~170 s on 2 cores, ~70 s of it waits for the plugin's status checks.
 RESUME_STEPS, STEP_SLEEP = 12, 8.0
 SLOW_STEPS = """\
 import glob
@@ -449,7 +449,7 @@ if _SLEEP:
 
 
 def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishes_by_resuming(
-    slurm_cluster, tmp_path
+    slurm_cluster, slurm_run, tmp_path
 ):
     config = _run_config()
     config["train"].update(
@@ -459,7 +459,11 @@ def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishe
         **RESOURCES,
         "train": {**RESOURCES["train"], "estimate_min": 2, "startup_min": 0.25},
     }
-    workdir = make_workflow_dir(tmp_path / "wf", config)
+    # the local reference run above has built everything upstream of train on the same data and model
+    # config (dates and Snakemake's records kept): only train (its config changed) runs again
+    workdir = tmp_path / "wf"
+    shutil.copytree(slurm_run["local"], workdir, symlinks=True)
+    make_workflow_dir(workdir, config)
     profile = workdir / "profile-short"
     shutil.copytree(REPO / "profiles" / "slurm", profile)
     (profile / "partitions.yaml").write_text("partitions:\n  cpu: {}\n  gpu: {max_gpu: 8, max_runtime: 1}\n")
