@@ -171,10 +171,7 @@ def base_model_inputs(wildcards):
     if HUB_MODEL:  # the hub model's copy (rules/fetch.smk): the job itself is offline
         inputs["hub_model"] = str(hub_copies.model_copy(HUB_MODEL))
     if SHIPPED_BASE:
-        folder = shipped_base.shipped_dir(SHIPPED_BASE, workflow.basedir)
-        inputs["shipped"] = [str(folder / shipped_base.MANIFEST)] + [
-            str(folder / name) for name in shipped_base.shipped_files(folder)
-        ]
+        inputs["shipped"] = shipped_base.shipped_inputs(SHIPPED_BASE, workflow.basedir)
     return inputs
 
 

@@ -28,7 +28,7 @@ rule train:
     params:
         train=without_heldout(config["train"]),
         heldout=heldout_spec(config),
-        precision=lambda wc: config["precisions"][wc.precision],
+        precision=lambda wc: paths.run_precision(config, wc.precision),
         model={k: config["model"][k] for k in ("dtype", "trust_remote_code")},
         checkpoints=lambda wc: str(paths.checkpoint_dir(wc.precision, wc.seed)),
         verifier=config["data"]["train"]["verifier"],

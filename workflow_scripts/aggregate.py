@@ -66,23 +66,15 @@ from workflow_scripts.runtime.smk import main_from, parse_pairs
 log = logging.getLogger("aggregate")
 
 
-from workflow_scripts.measures.aggregate_inputs import (  # noqa: E402,F401  re-exported: callers read them here
-    CHANGED_PREFIX,
+# the tables' columns, train_summary and AggregateError stay readable here (tests/test_aggregate.py)
+from workflow_scripts.measures.aggregate_inputs import (  # noqa: E402,F401
     CURVE_COLUMNS,
     METRIC_COLUMNS,
     SPARSITY_TABLE_COLUMNS,
     AggregateError,
-    curve_frame,
-    eval_row,
-    kl_row,
-    parsed_run,
-    read_json,
-    read_steps,
-    run_record_columns,
-    sparsity_rows,
     train_summary,
 )
-from workflow_scripts.measures.aggregate_join import _order, aggregate, read_overlap  # noqa: E402,F401
+from workflow_scripts.measures.aggregate_join import aggregate  # noqa: E402
 
 
 def run(

@@ -267,6 +267,10 @@ def test_a_finished_workflow_plans_only_the_jobs_a_new_seed_or_a_new_task_needs(
     assert {k: jobs.pop(k) for k in ("train", "evaluate", "sparsity", "overlap")} == {
         "train": arms, "evaluate": arms * tasks, "sparsity": arms, "overlap": arms}, jobs  # fmt: skip
     assert set(jobs) == {"aggregate", "stats", "learning_curves", "figures", "report", "all"}, jobs
+    # one more seed of one arm (its own `seeds` list, as the default's reference has): that run alone
+    ref = next(iter(config["precisions"]))
+    jobs = planned_jobs(wf, "--config", f"precisions={{{ref}: {{seeds: [{','.join(map(str, seeds))}]}}}}")
+    assert {k: jobs.get(k, 0) for k in ("train", "evaluate")} == {"train": 1, "evaluate": tasks}, jobs
     original = (wf / "config.yaml").read_text()
     set_key(wf / "config.yaml", "train.learning_rate", 1e-5)  # the records are live: a train change shows
     assert planned_jobs(wf)["train"] == len(config["precisions"]) * len(config["seeds"])

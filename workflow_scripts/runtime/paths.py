@@ -143,6 +143,12 @@ def arm_seeds(config: Mapping, precision: str) -> list[int]:
     return list(own) if own else list(config["seeds"])
 
 
+def run_precision(config: Mapping, precision: str) -> dict:
+    """The arm's config entry as one run of it sees it: without ``seeds`` (which runs exist is not how a
+    run trains), so adding a seed to an arm's list reruns only the new seed's jobs."""
+    return {k: v for k, v in (config["precisions"][precision] or {}).items() if k != "seeds"}
+
+
 def overlap_seeds(config: Mapping, precision: str) -> list[int]:
     """The seeds of the arm's overlap table: those among config ``seeds`` (the paired ones, the same
     number in every arm), else all its own; seed pairs grow as n^2, so a 16-seed reference would

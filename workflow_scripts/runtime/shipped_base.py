@@ -54,6 +54,22 @@ def shipped_dir(shipped: str | Path, root: str | Path = REPO_ROOT) -> Path:
     return path if path.is_absolute() else Path(root) / path
 
 
+def shipped_inputs(shipped: str | Path, root: str | Path = REPO_ROOT) -> list[str]:
+    """The base_model job's inputs for a shipped base: its manifest and model files, relative to the
+    working directory where they lie below it, so a finished run folder that is moved or copied keeps its
+    records (Snakemake compares the set of input paths; an absolute path would rerun everything)."""
+    folder = shipped_dir(shipped, root)
+    files = [folder / MANIFEST] + [folder / name for name in shipped_files(folder)]
+    cwd = Path.cwd().resolve()
+    out = []
+    for file in files:
+        try:
+            out.append(str(file.resolve().relative_to(cwd)))
+        except ValueError:  # outside the working directory: as given
+            out.append(str(file))
+    return out
+
+
 def shipped_files(folder: Path) -> list[str]:
     """The model files of a shipped folder (its manifest's ``files``), sorted."""
     manifest = read_manifest(folder)
