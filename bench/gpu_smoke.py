@@ -39,6 +39,8 @@ benchmarks/) and adds measurements of its own:
 |                     | trained, else torch's reserved peak + the plan without its context)    |          |
 | vllm_deterministic  | fp32 engine under deterministic algorithms: generates, twice identical | yes      |
 | sleep_cycle         | sleep(1) frees memory; after wake_up the same completions              | yes      |
+| engine_numerics     | the probe's fp32 engine: attention and KV cache float32, matmuls IEEE  | yes      |
+|                     | (vllm_engine.engine_record, read from the engine's worker)             |          |
 | rollout_gap.<arm>   | a gap every generation round from the CUDA engine; tokens/s of rollout  | yes      |
 |                     | and training                                                           |          |
 

@@ -438,7 +438,7 @@ def probe_phases(config: dict, res: Path, dtype: str, result: dict, out: Path) -
 
     from workflow_scripts.models.modeling import load_tokenizer
     from workflow_scripts.models.vllm_backend import import_vllm, sample_llm
-    from workflow_scripts.models.vllm_engine import engine_kwargs
+    from workflow_scripts.models.vllm_engine import engine_kwargs, engine_record, prepare_process
     from workflow_scripts.tasks.rows import read_jsonl
 
     vllm = import_vllm("train.use_vllm")
@@ -448,10 +448,12 @@ def probe_phases(config: dict, res: Path, dtype: str, result: dict, out: Path) -
     prompts = [r["prompt"] for r in read_jsonl(paths.eval_data(task, res))[:32]]
     stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     settings = config["train"]["vllm"]  # the arm's colocated engine's settings; sleep mode on for the cycle
+    prepare_process()  # as every engine of the workflow: IEEE fp32 products, its own compile cache
     started = time.perf_counter()
     llm = vllm.LLM(model=str(base), tokenizer=str(base), dtype=dtype, seed=1, generation_config="vllm",
                    enable_sleep_mode=True, **engine_kwargs(settings, "train.vllm"))  # fmt: skip
     result.update(phase="engine started", engine_start_s=round(time.perf_counter() - started, 1))
+    result["engine"] = engine_record(llm)  # what it really runs: attention backend, KV dtype, matmul mode
     write_json(out, result)
     new_tokens = int(config["train"]["max_completion_length"])
 
@@ -479,7 +481,8 @@ def probe_phases(config: dict, res: Path, dtype: str, result: dict, out: Path) -
 
 
 def probe_checks(result: dict | None, log: Path) -> dict[str, tuple[bool, dict, str]]:
-    """``vllm_deterministic`` and ``sleep_cycle`` from the probe's JSON (as far as it got)."""
+    """``vllm_deterministic``, ``sleep_cycle`` and ``engine_numerics`` from the probe's JSON (as far as it
+    got)."""
     result = result or {"phase": "not started"}
     where = f"the probe stopped at phase {result.get('phase')!r}; see {log}"
     if result.get("error"):
@@ -503,7 +506,23 @@ def probe_checks(result: dict | None, log: Path) -> dict[str, tuple[bool, dict, 
             f"sleep freed {result['freed_gib']} GiB; after waking the completions are "
             + ("the same" if result["identical_after_wake"] else "different"),
         )
-    return {"vllm_deterministic": det, "sleep_cycle": sleep}
+    return {"vllm_deterministic": det, "sleep_cycle": sleep, "engine_numerics": engine_numerics_check(result)}
+
+
+def engine_numerics_check(result: dict) -> tuple[bool, dict, str]:
+    """An fp32 probe's engine must compute IEEE fp32: its attention and KV-cache tensors in float32 and
+    every fp32 product path IEEE (``vllm_engine.engine_record``, read from the engine's worker; the
+    precision contract's ``kv_cache_dtype`` and ``engine_matmul_precision``). A 16-bit probe: recorded."""
+    engine = result.get("engine")
+    if not engine:
+        return False, result, f"no engine record (the probe stopped at phase {result.get('phase')!r})"
+    keys = ("attention_backend", "attention_dtype", "kv_cache_dtype", "matmul_precision")
+    seen = {k: engine.get(k) for k in keys}
+    if result.get("dtype") != "float32":
+        return True, seen, f"{result.get('dtype')} engine: {seen}"
+    ok = seen["attention_dtype"] == seen["kv_cache_dtype"] == "float32" and seen["matmul_precision"] == "ieee"
+    said = "fp32 engine computes IEEE fp32: " if ok else "fp32 engine is NOT IEEE fp32: "
+    return ok, seen, said + str(seen)
 
 
 # ------------------------------------------------------------------------ wired into the report
@@ -525,7 +544,8 @@ def plan_checks(report, config: dict, res: Path, memory_log: str, gpu_gib: float
 
 
 def run_probe(report, config_path: Path, config: dict, res: Path, scratch: Path, timeout: int):
-    """vllm_deterministic and sleep_cycle from one engine-probe child (on a GPU with vLLM only)."""
+    """vllm_deterministic, sleep_cycle and engine_numerics from one engine-probe child (on a GPU with vLLM
+    only)."""
     arm = resume_arm(config)
     out, log = scratch / "engine_probe.json", scratch / "engine_probe.log"
     timeout = min(timeout, PROBE_TIMEOUT_S)
@@ -542,6 +562,7 @@ def run_probe(report, config_path: Path, config: dict, res: Path, scratch: Path,
                 fh.write(f"\nengine probe: timed out after {timeout} s\n")
         result = read_json(out) if out.exists() else None
     expected = {"vllm_deterministic": "fp32 engine under deterministic algorithms generates, twice the same",
-                "sleep_cycle": "sleep(level=1) frees memory, wake_up gives the same completions"}  # fmt: skip
+                "sleep_cycle": "sleep(level=1) frees memory, wake_up gives the same completions",
+                "engine_numerics": "an fp32 engine's attention, KV cache, matmuls: IEEE fp32"}  # fmt: skip
     for name, outcome in probe_checks(result, log).items():
         report.check(name, expected[name], lambda o=outcome: o, gpu_only=True, vllm_only=True)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 GPU_ONLY = ("device.fp32", "device.bf16", "peak_gpu_memory", "time_budget", "driver", "engine_start.fp32",
             "engine_start.bf16", "memory_plan.fp32", "memory_plan.bf16", "vllm_deterministic", "sleep_cycle",
-            "rollout_gap.fp32", "rollout_gap.bf16")  # fmt: skip
+            "engine_numerics", "rollout_gap.fp32", "rollout_gap.bf16")  # fmt: skip
 NO_GPU = "skipped (no GPU)"
 VLLM_ONLY = ("vllm_train.fp32", "vllm_train.bf16", "vllm_eval", "vllm_seed.fp32", "vllm_seed.bf16",
              "hf_vs_vllm_pass1")  # fmt: skip
@@ -136,7 +136,7 @@ def test_rollout_gap_and_tokens_per_s_are_read_on_cpu_too(smoke):
         assert value["engine"] == "hf" and len(value["per_round"]) == 4
         assert all(r["mean"] is not None for r in value["per_round"])
         assert value["rollout_tokens_per_s"] > 0 and value["train_tokens_per_s"] > 0
-    for name in ("vllm_deterministic", "sleep_cycle"):  # no engine probe without a GPU
+    for name in ("vllm_deterministic", "sleep_cycle", "engine_numerics"):  # no engine probe without a GPU
         assert smoke["json"]["checks"][name]["value"] == {"phase": "not started"}
 
 
@@ -334,7 +334,7 @@ def test_rollout_and_training_tokens_per_s_split_from_step_times():
     assert out["train_s"] == 4.0 and out["train_tokens_per_s"] == 80.0
 
 
-def test_engine_probe_results_become_two_checks(tmp_path):
+def test_engine_probe_results_become_three_checks(tmp_path):
     gs = load_smoke()
     good = {"phase": "woke", "generated": True, "deterministic_algorithms": True, "identical": True,
             "freed_gib": 30.5, "identical_after_wake": True}  # fmt: skip
@@ -342,6 +342,15 @@ def test_engine_probe_results_become_two_checks(tmp_path):
     assert found["vllm_deterministic"][0] and found["sleep_cycle"][0]
     differ = gs.checks.probe_checks({**good, "identical": False, "freed_gib": 0.0}, tmp_path / "log")
     assert not differ["vllm_deterministic"][0] and not differ["sleep_cycle"][0]
+    assert not found["engine_numerics"][0] and "no engine record" in found["engine_numerics"][2]
+    engine = {"attention_backend": "TRITON_ATTN", "attention_dtype": "float32", "kv_cache_dtype": "float32",
+              "matmul_precision": "ieee"}  # fmt: skip
+    fp32 = gs.checks.probe_checks({**good, "dtype": "float32", "engine": engine}, tmp_path / "log")
+    assert fp32["engine_numerics"][0] and "computes IEEE fp32" in fp32["engine_numerics"][2]
+    tf32 = {**good, "dtype": "float32", "engine": {**engine, "matmul_precision": "tf32"}}
+    assert not gs.checks.probe_checks(tf32, tmp_path / "log")["engine_numerics"][0]
+    bf16_kv = {**good, "dtype": "float32", "engine": {**engine, "kv_cache_dtype": "bfloat16"}}
+    assert not gs.checks.probe_checks(bf16_kv, tmp_path / "log")["engine_numerics"][0]
     crashed = gs.checks.probe_checks({"phase": "start", "deterministic_algorithms": True}, tmp_path / "log")
     assert not crashed["vllm_deterministic"][0] and "phase 'start'" in crashed["vllm_deterministic"][2]
 
