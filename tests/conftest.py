@@ -274,14 +274,15 @@ VLLM_TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads"
 32 (the default's 16 fail: "Unsupported CPU attention configuration: head_dim=16"); the rest as tiny."""
 
 
-# The modules that took longest in the suite table (`make test`'s last step, bench/suite_times.py; a
-# fresh-clone run: test_report 124 s, test_slurm 107, test_distributed 88, test_gpu_smoke 55, test_evaluate
-# 46), longest first. Update it when the table's top changes.
+# The modules that took longest in the suite table (`make test`'s last step, bench/suite_times.py; a run of
+# 2026-12-06 on a shared machine: test_slurm 441 s, test_report 375, test_stats 338, test_distributed 157,
+# test_figures 137, test_evaluate 120), longest first. Update it when the table's top changes.
 LONGEST_MODULES = (
-    "tests/test_report.py",
     "tests/workflow/test_slurm.py",
+    "tests/test_report.py",
+    "tests/test_stats.py",
     "tests/training/test_distributed.py",
-    "tests/workflow/test_gpu_smoke.py",
+    "tests/test_figures.py",
     "tests/test_evaluate.py",
 )
 

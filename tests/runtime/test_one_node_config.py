@@ -30,7 +30,6 @@ ONE_NODE_VS_PAPER = {
     "model.architecture.num_key_value_heads": 2,
     "model.architecture.tie_word_embeddings": True,
     "model.architecture.vocab_size": 151936,
-    "resources.evaluate.runtime_min": 120,
     "resources.train.cpus": 8,
     "resources.train.gpus": 1,
     "resources.train.mem_mb": 128000,
