@@ -96,7 +96,8 @@ run: $(STAMP)
 # built again from config.yaml's recipe (its model and data keys; config.bases.yaml: model.shipped null) in
 # results/base-build, then copied to data/base with a new manifest.json (sha256s, recipe). ~2 min on 2
 # cores; the next `make run` starts from the new base (its files are the base_model job's inputs).
-# `make bases`: the default experiment once per warm-start seed of BASE_SEEDS, each in results/bases/base-s<k>.
+# `make bases`: the default experiment once per warm-start seed of BASE_SEEDS, each in results/bases/base-s<k>,
+# then results/bases/across_bases.md: the base as a factor (workflow_scripts/statistics/across_bases.py).
 BASE_BUILD := results/base-build
 BASE_SEEDS ?= 0 1 2
 base: $(STAMP)
@@ -110,6 +111,8 @@ bases: $(STAMP)
 	  $(BIN)/snakemake --cores $(CORES) --snakefile $(CURDIR)/Snakefile --directory results/bases/base-s$$k \
 	    --configfile $(CURDIR)/config.bases.yaml --config "model={tiny: {seed: $$k}}" || exit 1; \
 	done
+	$(BIN)/python -m workflow_scripts.statistics.across_bases \
+	  $(foreach k,$(BASE_SEEDS),results/bases/base-s$(k)/results/analysis/stats.json) --out results/bases/across_bases.md
 
 # The mismatch experiment (config.mismatch.yaml): rollouts from vLLM's own engine (its CPU build), so it runs
 # in .venv-vllm, with its own base model (heads of 32, what the engine's CPU attention takes), in
@@ -119,7 +122,9 @@ mismatch: $(VLLM_STAMP)
 	VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 $(VLLM_VENV)/bin/snakemake --cores $(CORES) --snakefile $(CURDIR)/Snakefile \
 	  --directory results/mismatch --configfile $(CURDIR)/config.mismatch.yaml
 
-# Two tiers. `make test` (what CI runs): the whole suite of both environments; each pytest writes a junit xml
+# Two tiers. `make test` (what CI runs): the whole suite of both environments, their two pytest runs side by
+# side (each leaves a core idle part of the time: waits on SLURM, on subprocesses; together they fill it);
+# each pytest writes a junit xml
 # and a line per snakemake invocation (RLVR_WORKFLOW_LOG) to $(SUITE_TIMES), and bench/suite_times.py prints
 # their table at the end (time per tier, per module, the slowest tests, workflow runs): it fails only when
 # those files are missing, never for time (the budget, <= 600 s of pytest on 2 cores, is read by a person).
@@ -132,10 +137,13 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	rm -rf $(SUITE_TIMES) && mkdir -p $(SUITE_TIMES)
 	touch $(SUITE_TIMES)/main.workflows.tsv $(SUITE_TIMES)/vllm.workflows.tsv
+	( RLVR_REQUIRE_VLLM=1 RLVR_WORKFLOW_LOG=$(CURDIR)/$(SUITE_TIMES)/vllm.workflows.tsv $(VLLM_VENV)/bin/pytest -q \
+	    -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'vllm and not extended' \
+	    --junitxml=$(SUITE_TIMES)/vllm.xml > $(SUITE_TIMES)/vllm.out 2>&1; echo $$? > $(SUITE_TIMES)/vllm.rc ) & \
 	RLVR_WORKFLOW_LOG=$(CURDIR)/$(SUITE_TIMES)/main.workflows.tsv $(BIN)/pytest -q -n $(TEST_WORKERS) \
-	  --dist loadfile --no-loadscope-reorder -m 'not extended and not vllm' --junitxml=$(SUITE_TIMES)/main.xml
-	RLVR_REQUIRE_VLLM=1 RLVR_WORKFLOW_LOG=$(CURDIR)/$(SUITE_TIMES)/vllm.workflows.tsv $(VLLM_VENV)/bin/pytest -q \
-	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'vllm and not extended' --junitxml=$(SUITE_TIMES)/vllm.xml
+	  --dist loadfile --no-loadscope-reorder -m 'not extended and not vllm' --junitxml=$(SUITE_TIMES)/main.xml; \
+	main=$$?; wait; echo "== pytest of $(VLLM_VENV) (ran beside the one above)"; cat $(SUITE_TIMES)/vllm.out; \
+	test $$main = 0 && test "$$(cat $(SUITE_TIMES)/vllm.rc)" = 0
 	$(BIN)/python bench/suite_times.py --from-junit $(SUITE_TIMES)/main.xml $(SUITE_TIMES)/vllm.xml
 
 test-quick: $(STAMP)

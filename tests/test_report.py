@@ -463,35 +463,12 @@ def test_jobs_the_fork_server_ran_wrote_what_fresh_processes_write(finished_work
 
 
 def test_report_on_zero_spread_says_not_testable_and_shows_n_a_not_nan(flat_data, tmp_path):
+    """The few-step factorial's table (config.factorial.yaml's arms, every dJ and KL 0, no noise) through
+    the analysis stages in-process (test_figures.flat_table: aggregate, stats; its figures in test_figures);
+    the rules that run these stages are run through snakemake above, on another table."""
     text = report.render(flat_data.stats, flat_data.metrics, {}, tmp_path / "report.md", SIX_ARMS)
     assert "**Not passed.**" in text and text.count("**not testable**") == 3 * (len(SIX_ARMS) - 1)
     assert "the gate did not pass" in text and "n/a" in text
     assert "| undefined (both 0) [0, ∞] |" in text  # 0/0 ratio: said, not shown as a number
     assert not re.search(r"\bnan\b|\| *(None|inf) *\||\[None|None\]", text, flags=re.IGNORECASE)
     assert "autocast_drop" in text
-
-
-@pytest.mark.slow
-def test_analysis_rules_on_a_flat_six_arm_two_seed_table(tmp_path):
-    """The few-step factorial case through snakemake: its 7 arms (autocast names) x 2 seeds x 2 tasks, every
-    dJ and KL exactly 0, no eval noise, no weight changed: stats.json, every figure and report.md."""
-    import yaml
-    from conftest import load_test_config, make_workflow_dir, placeholder_outputs
-
-    config = load_test_config()
-    config["precisions"] = yaml.safe_load((REPO / "config.factorial.yaml").read_text())["precisions"]
-    config["seeds"] = [1, 2]
-    config["data"]["tasks"] = {k: v for k, v in config["data"]["tasks"].items() if k in ("add_sub", "mul")}
-    assert tuple(config["precisions"]) == SIX_ARMS
-    wf = make_workflow_dir(tmp_path / "wf", config)
-    placeholder_outputs(wf)
-    roles = {t: config["data"]["tasks"][t]["role"] for t in ("add_sub", "mul")}
-    write_fake_results(wf / "results", precisions=SIX_ARMS, seeds=(1, 2), tasks=roles, flat=True)
-    write_heldout(wf / "results", SIX_ARMS, (1, 2), tasks=tuple(roles))
-    analysis = rerun_analysis(wf)
-    result = json.loads((analysis / "stats.json").read_text())
-    assert {v["verdict"] for v in result["verdicts"].values()} == {"not testable"}
-    for name in FIGURES:
-        assert_png(analysis / "figures" / f"{name}.png")
-    text = (analysis / "report.md").read_text()
-    assert "**Not passed.**" in text and "n/a" in text and not re.search(r"\bnan\b", text, re.IGNORECASE)
