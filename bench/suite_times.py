@@ -28,7 +28,6 @@ import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 LOG_ENV = "RLVR_WORKFLOW_LOG"
@@ -174,21 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --from-junit XML... or the run command")
     for xml in args.from_junit:
         print(table(from_junit(xml)), end="\n\n")
-    if len(args.from_junit) > 1:
-        wall = span(args.from_junit)
-        print(f"== all tiers: wall {wall:.1f} s (first start to last end: side by side)")
     return 0
-
-
-def span(xmls: list[Path]) -> float:
-    """Wall seconds from the first tier's start to the last tier's end (the testsuites' timestamps):
-    the suite's time when tiers run side by side, where their walls do not add up."""
-    bounds = []
-    for xml in xmls:
-        for suite in ET.parse(xml).getroot().iter("testsuite"):
-            start = datetime.fromisoformat(suite.get("timestamp")).timestamp()
-            bounds.append((start, start + float(suite.get("time", 0))))
-    return max(end for _, end in bounds) - min(start for start, _ in bounds)
 
 
 if __name__ == "__main__":

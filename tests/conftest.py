@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import snakemake_server
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ def run_snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.C
         *args,
     ]
     log_workflow_run(cmd[1:])
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
+    return snakemake_server.run(cmd, cwd=workdir, env=env, timeout=timeout)  # a dry run: forked, warm
 
 
 @pytest.fixture

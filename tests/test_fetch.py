@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import snakemake_server
 import yaml
 from conftest import REPO, SNAKEMAKE
 
@@ -77,10 +78,9 @@ def test_the_one_node_slurm_plan_needs_the_network_only_in_local_fetch_jobs(tmp_
     plans the hub datasets and the hub model as fetch jobs of LOCAL rules (the login node), every other
     job reads their copies, and the parse sets HF_HUB_OFFLINE=1 for every job (~8 s: two parses)."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", hub_copies.OFFLINE_ENV)}
-    dry = subprocess.run(
+    dry = snakemake_server.run(
         [SNAKEMAKE, "-n", "--profile", "profiles/slurm", "--configfile", "config.one-node.yaml",
-         "--directory", str(tmp_path), "--snakefile", "Snakefile"],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+         "--directory", str(tmp_path), "--snakefile", "Snakefile"], cwd=REPO, env=env, timeout=300,
     )  # fmt: skip
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
     jobs = _dry_run_jobs(dry.stdout)

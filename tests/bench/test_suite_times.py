@@ -79,23 +79,3 @@ def test_the_test_helpers_log_one_line_per_invocation_only_when_asked(tmp_path, 
     assert [(via, suite_times.kind(args)) for _, via, args in rows] == [("gpu_smoke.sh", "dry-run"),
                                                                         ("snakemake", "run")]  # fmt: skip
     assert all(test.startswith("tests/bench/test_suite_times.py::") for test, _, _ in rows)
-
-
-def test_tiers_run_side_by_side_report_the_span_from_first_start_to_last_end(suite_times, tmp_path, capsys):
-    """`make test` runs the two tiers at once: their walls overlap, so the suite's time is their span."""
-    for name, start, wall in (
-        ("main", "2026-12-06T06:00:00+00:00", 500.0),
-        ("vllm", "2026-12-06T06:01:00+00:00", 300.0),
-    ):
-        (tmp_path / f"{name}.xml").write_text(
-            JUNIT.replace('time="42.5">', f'time="{wall}" timestamp="{start}">', 1)
-        )
-        (tmp_path / f"{name}.workflows.tsv").write_text(LOG)
-    xmls = [tmp_path / "main.xml", tmp_path / "vllm.xml"]
-    assert suite_times.span(xmls) == 500.0  # vllm ends at 60 + 300 s, inside main's 500
-    (tmp_path / "vllm.xml").write_text(
-        (tmp_path / "vllm.xml").read_text().replace('time="300.0"', 'time="480.0"')
-    )
-    assert suite_times.span(xmls) == 540.0
-    assert suite_times.main(["--from-junit", *map(str, xmls)]) == 0
-    assert "== all tiers: wall 540.0 s" in capsys.readouterr().out

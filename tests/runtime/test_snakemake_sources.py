@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 import snakemake
 import snakemake.api  # before snakemake.workflow, which imports only after the api (a cycle)
+import snakemake_server
+from conftest import SNAKEMAKE
 from snakemake.settings.types import ConfigSettings
 from snakemake.workflow import Workflow
 
@@ -66,8 +66,8 @@ rule all:
 
 def _seen(tmp_path: Path, *args: str) -> dict:
     (tmp_path / "Snakefile").write_text(PROBE, encoding="utf-8")
-    cmd = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--snakefile", "Snakefile", *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    cmd = [SNAKEMAKE, "-n", "--cores", "1", "--snakefile", "Snakefile", *args]
+    proc = snakemake_server.run(cmd, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + "\n" + MOVED
     return json.loads((tmp_path / "seen.json").read_text(encoding="utf-8"))
 

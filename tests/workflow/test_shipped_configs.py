@@ -13,10 +13,10 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+import snakemake_server
 import yaml
 from conftest import REPO, SNAKEMAKE, log_workflow_run, make_workflow_dir
 
@@ -83,7 +83,7 @@ def dry_run(workdir: Path, argv: list[str]) -> str:
     cmd = [SNAKEMAKE, "--dry-run", *argv[1:]]
     log_workflow_run(cmd[1:])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300, env=env)
+    proc = snakemake_server.run(cmd, cwd=workdir, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
