@@ -421,3 +421,58 @@ def test_snakemake_dag_has_every_precision_seed_pair(tmp_path):
     table = proc.stdout + proc.stderr
     train_line = next(line for line in table.splitlines() if line.split()[:1] == ["train"])
     assert int(train_line.split()[1]) == 2 * 2
+
+
+_KILL_AT_END = """
+import json, sys, time
+from transformers import TrainerCallback
+from workflow_scripts.train import train_run
+
+class HoldAtTheEnd(TrainerCallback):
+    # Pause once the last step's checkpoint is saved, before run.json: the parent's SIGKILL lands there.
+    def on_train_end(self, args, state, control, **kwargs):
+        time.sleep(600)
+
+config, data, base, out, ckpt = json.loads(sys.argv[1])
+train_run(config, "fp32", 1, data, base, out, ckpt, threads=1, callbacks=[HoldAtTheEnd()])
+"""
+
+
+@pytest.mark.slow
+def test_a_job_killed_after_its_last_checkpoint_starts_again_instead_of_failing_every_retry(
+    tiny_base, runs, tmp_path
+):
+    """The Trainer saves at the last step too (save_total_limit 1 keeps only that one); resumed there it
+    trains a step past max_steps, which the stage refuses. A job killed between that save and run.json
+    (or ended as TIMEOUT by SLURM just past its limit) must not fail every retry the same way."""
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    args = [
+        run_config(tiny_base),
+        str(tiny_base["data_dir"]),
+        str(tiny_base["base_dir"]),
+        str(out),
+        str(ckpt),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    child = subprocess.Popen([sys.executable, "-c", _KILL_AT_END, json.dumps(args)], env=env, cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.time() + 300
+    while time.time() < deadline and child.poll() is None:
+        if (ckpt / f"checkpoint-{STEPS}" / "trainer_state.json").exists():
+            time.sleep(1.0)  # the save's last files
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    output = child.communicate(timeout=60)[0]
+    assert child.returncode == -signal.SIGKILL, output[-3000:]
+    assert (
+        not (out / "run.json").exists() and latest_complete_checkpoint(ckpt) == ckpt / f"checkpoint-{STEPS}"
+    )
+    train_run(
+        run_config(tiny_base), "fp32", 1, tiny_base["data_dir"], tiny_base["base_dir"], out, ckpt, threads=1
+    )
+    run = json.loads((out / "run.json").read_text())
+    assert run["resumed"] is False and run["steps_this_session"] == STEPS
+    assert bit_identical(load_file(out / "model" / "model.safetensors"), weights(runs["fp32"]))
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert not ckpt.exists()

@@ -22,7 +22,9 @@ in ``metrics_log``; checkpoints and resume in ``checkpoints``; precision modes i
 Resume: a rerun resumes from the newest complete checkpoint in ``ckpt_dir``, truncates the live
 metrics to the checkpoint's step and continues; the Trainer restores the RNG states after
 fast-forwarding the data loader, so a resumed deterministic run ends bit-identical to an uninterrupted
-one. After a successful run the checkpoint folder is deleted (optimizer state is ~3x the model).
+one. After a successful run the checkpoint folder is deleted (optimizer state is ~3x the model). The
+Trainer also saves at the last step; resumed there it would train a step past max_steps, so a job killed
+after that save but before run.json starts again (``checkpoints.prepare_checkpoint_dir``).
 
 GPU path: ``train.use_vllm`` samples with vLLM colocated on the training GPUs (vllm imported only then).
 Several processes (``train.distributed``: ddp or fsdp): ``from_snakemake`` and ``main`` run ``accelerate
@@ -250,7 +252,7 @@ def run(
     state = PartialState()  # the process group GRPOConfig set up (a no-op in one process)
     with state.main_process_first():  # one process prepares the folder; the others then read it
         if state.is_main_process:
-            resume = prepare_checkpoint_dir(ckpt_dir, key)
+            resume = prepare_checkpoint_dir(ckpt_dir, key, before=train_cfg["max_steps"])
             resume_step = checkpoint_step(resume) if resume else 0
             previous = truncate_metrics(live_metrics, resume_step) if resume else []
             previous_heldout = truncate_metrics(live_heldout, resume_step) if resume else []
@@ -260,7 +262,9 @@ def run(
             if resume and [r["step"] for r in previous] != list(range(1, resume_step + 1)):
                 raise RuntimeError(f"{live_metrics}: metrics do not cover steps 1..{resume_step} of {resume}")
         else:
-            resume = latest_complete_checkpoint(ckpt_dir, remove_incomplete=False)
+            resume = latest_complete_checkpoint(
+                ckpt_dir, remove_incomplete=False, before=train_cfg["max_steps"]
+            )
             resume_step, previous = (checkpoint_step(resume) if resume else 0), []
             previous_heldout = [r for r in read_metrics(live_heldout) if r["step"] <= resume_step]
     log.info("%s seed %d: %s on %s (%s)", precision, seed,

@@ -56,12 +56,25 @@ def is_complete_checkpoint(path: Path, world: int | None = None) -> bool:
     return any(path.glob("*.safetensors")) and (path / "optimizer.pt").exists()
 
 
-def latest_complete_checkpoint(ckpt_dir: Path, remove_incomplete: bool = True) -> Path | None:
-    """The newest complete ``checkpoint-N`` folder; incomplete ones (a kill mid-save) are deleted."""
+def latest_complete_checkpoint(
+    ckpt_dir: Path, remove_incomplete: bool = True, before: int | None = None
+) -> Path | None:
+    """The newest complete ``checkpoint-N`` folder (with N < ``before`` when given); incomplete ones (a kill
+    mid-save) are deleted.
+
+    ``before`` = max_steps: the Trainer also saves at the run's last step, and resumed there it trains one
+    step more than max_steps (which the train stage refuses, on every retry). A job killed after that save
+    but before run.json (or ended as TIMEOUT by SLURM just past its limit) keeps no earlier checkpoint
+    (save_total_limit 1), so it starts again; ``prepare_checkpoint_dir`` removes the unusable one."""
     if not ckpt_dir.is_dir():
         return None
     found = sorted(
-        (p for p in ckpt_dir.glob("checkpoint-*") if p.name.rsplit("-", 1)[1].isdigit()), key=checkpoint_step
+        (
+            p
+            for p in ckpt_dir.glob("checkpoint-*")
+            if p.name.rsplit("-", 1)[1].isdigit() and (before is None or checkpoint_step(p) < before)
+        ),
+        key=checkpoint_step,
     )
     latest = None
     for path in found:
@@ -82,8 +95,9 @@ def run_key(train_cfg: Mapping, mode: PrecisionMode, seed: int, base_dir: Path, 
     return section_hash(dict(train_cfg), mode.as_dict(), seed, _file_signature(files))
 
 
-def prepare_checkpoint_dir(ckpt_dir: Path, key: str) -> Path | None:
-    """Create/validate the checkpoint folder; return the checkpoint to resume from (or None)."""
+def prepare_checkpoint_dir(ckpt_dir: Path, key: str, before: int | None = None) -> Path | None:
+    """Create/validate the checkpoint folder; return the checkpoint to resume from (or None; ``before``:
+    as ``latest_complete_checkpoint``'s)."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     key_file = ckpt_dir / "run_key.json"
     stored = None
@@ -97,7 +111,12 @@ def prepare_checkpoint_dir(ckpt_dir: Path, key: str) -> Path | None:
             shutil.rmtree(child) if child.is_dir() else child.unlink()
         write_json(key_file, {"key": key})
         return None
-    return latest_complete_checkpoint(ckpt_dir)
+    if before is not None:  # checkpoints a resume cannot use (see latest_complete_checkpoint)
+        for path in ckpt_dir.glob("checkpoint-*"):
+            if path.name.rsplit("-", 1)[1].isdigit() and checkpoint_step(path) >= before:
+                log.warning("removing %s: a run resumed at its last step would train past it", path)
+                shutil.rmtree(path, ignore_errors=True)
+    return latest_complete_checkpoint(ckpt_dir, before=before)
 
 
 class Snapshots(TrainerCallback):
