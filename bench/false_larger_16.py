@@ -117,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--bootstrap", type=int, help="the rule's bootstrap resamples (default: the config's)"
     )
+    parser.add_argument(
+        "--null-splits",
+        type=int,
+        help="reference splits of the null yardstick each comparison reports (default: the config's; the "
+        "rule does not read it)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the rates and outcomes here too")
     args = parser.parse_args(argv)
@@ -128,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.arm_seeds}; --min-configurations {args.min_configurations} needs "
             f"{args.min_configurations * size}"
         )
-    cfg = {**analysis_defaults(), **({"bootstrap": args.bootstrap} if args.bootstrap else {})}
+    cfg = {
+        **analysis_defaults(),
+        **({"bootstrap": args.bootstrap} if args.bootstrap else {}),
+        **({"null_splits": args.null_splits} if args.null_splits else {}),
+    }
     result = measure(pool, args.reference, args.arm_seeds, args.partitions, args.seed, cfg)
     first, every = rates(result["first"]), rates(result["all"])
     print(

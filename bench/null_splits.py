@@ -48,11 +48,14 @@ def pooled_runs(arms: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def split_verdicts(pool: pd.DataFrame, n_seeds: int, splits: int, seed: int) -> dict[str, list[str]]:
+def split_verdicts(
+    pool: pd.DataFrame, n_seeds: int, splits: int, seed: int, bootstrap: int | None = None
+) -> dict[str, list[str]]:
     """H2 (dJ) and H3 (KL) outcomes of ``splits`` random disjoint pairs of ``n_seeds`` runs each, by the
     analysis's rule (``dJ``, ``kl``) and by the rule before its seed-permutation check, the bootstrap's p
-    alone (``dJ_model_alone``, ``kl_model_alone``)."""
-    cfg = analysis_defaults()
+    alone (``dJ_model_alone``, ``kl_model_alone``); ``bootstrap``: the rule's bootstrap tables and seed
+    permutations per comparison (default: the analysis default)."""
+    cfg = {**analysis_defaults(), **({"bootstrap": bootstrap} if bootstrap else {})}
     rng = np.random.default_rng(seed)
     units = np.unique(pool["unit"])
     if len(units) < 2 * n_seeds:

@@ -99,21 +99,26 @@ def workflow_dir(tmp_path, test_config) -> Path:
     return make_workflow_dir(tmp_path / "wf", test_config)
 
 
-def planned_jobs(workdir: Path, *targets: str) -> dict[str, int]:
-    """Rule -> job count that a dry run would execute ({} when there is nothing to do)."""
-    proc = run_snakemake(workdir, "--dry-run", *targets, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def job_stats(log: str) -> dict[str, int]:
+    """Rule -> job count, from the "Job stats:" table Snakemake prints when it plans or starts a run."""
+    lines = log.splitlines()
     jobs: dict[str, int] = {}
-    lines = proc.stdout.splitlines()
-    if "Job stats:" not in lines:
-        assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout
-        return jobs
     for line in lines[lines.index("Job stats:") + 3 :]:
         parts = line.split()
         if len(parts) != 2 or parts[0] == "total":
             break
         jobs[parts[0]] = int(parts[1])
     return jobs
+
+
+def planned_jobs(workdir: Path, *targets: str) -> dict[str, int]:
+    """Rule -> job count that a dry run would execute ({} when there is nothing to do)."""
+    proc = run_snakemake(workdir, "--dry-run", *targets, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if "Job stats:" not in proc.stdout.splitlines():
+        assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout
+        return {}
+    return job_stats(proc.stdout)
 
 
 def rule_stages(workdir: Path) -> dict[str, str]:
@@ -188,7 +193,8 @@ def copy_workflow(src: Path, dest: Path) -> Path:
 
 def base_evaluated(tmp_path_factory) -> Path:
     """The test config's data, base model and the base model's evaluation on every task, run once per
-    session (``shared_workflow``): tests/workflow/test_workflow_foundation.py and tests/test_evaluate.py."""
+    session (``shared_workflow``): tests/workflow/test_workflow_foundation.py, tests/test_evaluate.py, and
+    the start of tests/workflow/test_factorial.py's and tests/training/test_distributed.py's runs."""
     config = load_test_config()
     tasks = list(config["data"]["tasks"])
     targets = ["results/models/base.json", *(f"results/data/eval/{task}.jsonl" for task in tasks)]
@@ -276,15 +282,15 @@ VLLM_TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads"
 
 
 # The modules that took longest in the suite table (`make test`'s last step, bench/suite_times.py; a run of
-# 2026-12-06 on a shared machine: test_slurm 441 s, test_report 375, test_stats 338, test_distributed 157,
-# test_figures 137, test_evaluate 120), longest first. Update it when the table's top changes.
+# 2026-12-07 alone on a 2-core AMD EPYC: test_slurm 204 s, test_report 174, test_distributed 129,
+# test_stats 126, test_gpu_smoke 81, test_factorial 80), longest first. Update it when the top changes.
 LONGEST_MODULES = (
     "tests/workflow/test_slurm.py",
     "tests/test_report.py",
-    "tests/test_stats.py",
     "tests/training/test_distributed.py",
-    "tests/test_figures.py",
-    "tests/test_evaluate.py",
+    "tests/test_stats.py",
+    "tests/workflow/test_gpu_smoke.py",
+    "tests/workflow/test_factorial.py",
 )
 
 
@@ -321,6 +327,11 @@ def pytest_collection_modifyitems(config, items):
     import importlib.util
 
     slow_modules_first(items)
+    # the Makefile's vLLM tier collects only the files whose text marks tests vllm (VLLM_TESTS)
+    marked = {item.path for item in items if item.get_closest_marker("vllm")}
+    hidden = sorted(str(path) for path in marked if "mark.vllm" not in path.read_text())
+    if hidden:
+        raise pytest.UsageError(f"tests marked vllm in files the Makefile's VLLM_TESTS grep misses: {hidden}")
     if importlib.util.find_spec("vllm") is not None:
         return
     if os.environ.get("RLVR_REQUIRE_VLLM") == "1" and any("vllm" in item.keywords for item in items):

@@ -9,6 +9,7 @@ The table builders here (``make_data``, ``flat_table``) are shared with test_rep
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -46,9 +47,35 @@ def assert_png(path: Path) -> None:
     assert height > 200 and width > 200
 
 
+def shared_table(tmp_path_factory, name: str, build: Callable[[Path], FigureData]) -> FigureData:
+    """``build(folder)`` once per test session, across pytest-xdist's workers (conftest.shared_workflow's
+    file lock in the workers' common temporary folder), pickled there; every caller gets its own unpickled
+    copy. test_figures.py and test_report.py read the same tables: the zero-spread table's stats fit
+    alone is ~26 CPU-s (its power curves over 7 arms), so it is built once for both."""
+    import fcntl
+    import os
+    import pickle
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    done = root / f"table-{name}.pickle"
+    with open(root / f"table-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            data = build(root / f"table-{name}")
+            done.with_suffix(".tmp").write_bytes(pickle.dumps(data))
+            done.with_suffix(".tmp").rename(done)
+    return pickle.loads(done.read_bytes())
+
+
+def shared_data(tmp_path_factory) -> FigureData:
+    """``make_data``'s default table (2 arms x 3 seeds), built once per session (``shared_table``)."""
+    return shared_table(tmp_path_factory, "default", make_data)
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> FigureData:
-    return make_data(tmp_path_factory.mktemp("results"))
+    return shared_data(tmp_path_factory)
 
 
 # ----------------------------------------------------------------------------- figures
@@ -150,9 +177,14 @@ def flat_table(root: Path) -> FigureData:
     return data
 
 
+def shared_flat_table(tmp_path_factory) -> FigureData:
+    """``flat_table``, built once per session (``shared_table``): its stats fit is the costly part."""
+    return shared_table(tmp_path_factory, "flat", flat_table)
+
+
 @pytest.fixture(scope="module")
 def flat_data(tmp_path_factory) -> FigureData:
-    return flat_table(tmp_path_factory.mktemp("flat"))
+    return shared_flat_table(tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", list(FIGURES))

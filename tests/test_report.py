@@ -2,7 +2,9 @@
 run of the whole DAG on tests/config.test.yaml followed by ``snakemake --report``.
 
 The unit tests use test_figures.py's synthetic tables (``make_data``): real aggregate and stats code on
-synthetic upstream files.
+synthetic upstream files; the default and zero-spread tables are built once per session for both modules
+(test_figures.shared_table). The analysis rules (aggregate -> stats -> learning_curves -> figures ->
+report, each rule's ``script:`` its stage module) are checked through snakemake in the end-to-end run.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from test_aggregate import _add_repeat, run_aggregate, write_fake_results
-from test_figures import FAST, REPO, SIX_ARMS, assert_png, flat_table, make_data
-from test_learning_curves import write_heldout
+from test_figures import FAST, REPO, SIX_ARMS, assert_png, make_data, shared_data, shared_flat_table
 
 from workflow_scripts import figures, report, stats
 from workflow_scripts.plots import figure_list
@@ -28,37 +29,44 @@ from workflow_scripts.runtime import paths
 from workflow_scripts.runtime.config import validate_config
 
 
-def rerun_analysis(wf: Path) -> Path:
-    """Mark every upstream output done, delete the analysis outputs, and run snakemake to the report."""
-    from conftest import mark_done, run_snakemake
-
-    mark_done(wf)
-    analysis = wf / "results" / "analysis"
-    for path in analysis.rglob("*"):
-        if path.is_file():
-            path.unlink()
-    proc = run_snakemake(wf, "results/analysis/report.md", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return analysis
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> FigureData:
-    return make_data(tmp_path_factory.mktemp("results"))
+    return shared_data(tmp_path_factory)  # the same table as test_figures.py's, built once per session
 
 
 @pytest.fixture(scope="module")
 def flat_data(tmp_path_factory) -> FigureData:
-    return flat_table(tmp_path_factory.mktemp("flat"))
+    return shared_flat_table(tmp_path_factory)  # test_figures.flat_table, built once per session
 
 
 # ----------------------------------------------------------------------------- stats.json and report.md
 
+# FAST without the power simulations, for tests whose claims are outcomes and texts that do not depend on
+# power (a verdict's rule reads the fits; power only adds its sentence): the controls table's fit takes
+# ~9 CPU-s with them, ~1 without. Power's rendering is checked on ``data`` (test_report_states_...).
+NO_POWER = {**FAST, "power_simulations": 0}
+
 
 def test_stats_stage_writes_strict_json_with_gate_and_verdicts(data, tmp_path):
+    """The stage's command line on tests/config.test.yaml (its analysis section and precisions) with FAST's
+    power settings (its max_seeds 128 default makes the seeds-needed search ~10x the fit): one fit; the CLI
+    calls ``stats.run``, which writes the file."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "tests" / "config.test.yaml").read_text())
+    config["analysis"].update({k: FAST[k] for k in ("power_simulations", "max_seeds")})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     data.metrics.to_parquet(tmp_path / "metrics.parquet")
     out = tmp_path / "stats.json"
-    stats.run(metrics=tmp_path / "metrics.parquet", out=out, analysis=FAST, precisions=["fp32", "bf16"])
+    argv = [
+        "--metrics",
+        str(tmp_path / "metrics.parquet"),
+        "--out",
+        str(out),
+        "--config",
+        str(tmp_path / "config.yaml"),
+    ]
+    assert stats.main(argv) == 0
 
     def no_constants(name: str):
         raise AssertionError(f"non-standard JSON constant {name}")
@@ -66,16 +74,12 @@ def test_stats_stage_writes_strict_json_with_gate_and_verdicts(data, tmp_path):
     result = json.loads(out.read_text(), parse_constant=no_constants)
     assert set(result["verdicts"]) == {"H1", "H2", "H3"} and "passed" in result["gate"]
     assert result["reference"] == "fp32" and result["source"]["rows"] == len(data.metrics)
-    cli = tmp_path / "cli.json"
-    argv = [
-        "--metrics",
-        str(tmp_path / "metrics.parquet"),
-        "--out",
-        str(cli),
-        "--config",
-        str(REPO / "tests" / "config.test.yaml"),
-    ]
-    assert stats.main(argv) == 0 and json.loads(cli.read_text())["config"]["bootstrap"] == 200
+    defaults = stats.analysis_defaults()
+    assert result["config"]["bootstrap"] == 200 != defaults["bootstrap"]  # config.test.yaml's
+    assert result["config"]["max_seeds"] == FAST["max_seeds"] != defaults["max_seeds"]
+    assert result["arms"]["bf16"]["kind"] == "bundle"  # the config's precisions section was read
+    comparisons = result["by_task_type"]["off_task"]["comparisons"]  # power blocks in the strict JSON too
+    assert comparisons and all(c["dJ_power"]["status"] == "ok" for c in comparisons.values())
 
 
 def test_report_states_gate_verdicts_power_and_figures(data, tmp_path):
@@ -191,7 +195,7 @@ def test_report_has_a_controls_section_saying_whether_each_came_out_as_it_must(d
         "fp32_copy": {"control": "negative"},
         "fp32_noisy": {"control": "positive"},
     }
-    result = stats.analyze(table, FAST, precisions=specs)
+    result = stats.analyze(table, NO_POWER, precisions=specs)
     text = report.render(result, table, {}, tmp_path / "report.md", list(arms))
     assert "## Controls" in text
     copy, noisy = result["controls"]["fp32_copy"], result["controls"]["fp32_noisy"]
@@ -210,7 +214,7 @@ def test_report_gives_noise_shares_and_warns_when_a_verdict_rests_on_more_than_h
     from workflow_scripts.statistics import simulation
 
     table = simulation.simulate_table(np.random.default_rng(62), n_seeds=6, n_problems=20, n_samples=4)
-    result = stats.analyze(table, FAST, precisions=["fp32", "bf16"])
+    result = stats.analyze(table, NO_POWER, precisions=["fp32", "bf16"])
     text = report.render(result, table, {}, tmp_path / "report.md", ["fp32", "bf16"])
     assert "## Eval-noise share of the across-seed variance" in text
     share = result["noise_share"]["by_role"]["off_task"]["dJ"]["fp32"]["share"]
@@ -219,7 +223,7 @@ def test_report_gives_noise_shares_and_warns_when_a_verdict_rests_on_more_than_h
     assert f"**Warning: H2 ({h2}) rests on an eval-noise share above 0.5**" in text
     assert "Warning: H3" not in text  # KL noise is small here
     quiet = simulation.simulate_table(np.random.default_rng(62), n_seeds=6)
-    quiet_text = report.render(stats.analyze(quiet, FAST), quiet, {}, tmp_path / "q.md", ["fp32", "bf16"])
+    quiet_text = report.render(stats.analyze(quiet, NO_POWER), quiet, {}, tmp_path / "q.md", ["fp32", "bf16"])
     assert "Warning: H2" not in quiet_text
 
 
@@ -289,53 +293,19 @@ def test_the_numerics_provenance_names_a_repeat_as_a_repeat(tmp_path):
     assert "2: bf16-s1, bf16-s1-r2 (repeat 2) |" in text
 
 
-# ----------------------------------------------------------------------------- the analysis rules
-
-
-@pytest.mark.slow
-def test_analysis_rules_run_their_stage_modules_on_upstream_files(tmp_path, tmp_path_factory):
-    """aggregate -> stats -> figures -> report through snakemake (each rule's
-    script: is its stage module), on fake upstream outputs written where the rules expect them."""
-    from conftest import load_test_config, placeholder_workflow
-
-    config = load_test_config()
-    wf = placeholder_workflow(tmp_path_factory, tmp_path / "wf")
-    write_fake_results(
-        wf / "results",
-        precisions=tuple(config["precisions"]),
-        seeds=tuple(config["seeds"]),
-        diverged=("bf16-s2",),
-    )
-    write_heldout(
-        wf / "results",
-        tuple(config["precisions"]),
-        tuple(config["seeds"]),
-        tasks=tuple(config["data"]["tasks"]),
-    )
-    analysis = rerun_analysis(wf)
-    result = json.loads((analysis / "stats.json").read_text())
-    assert result["excluded_runs"]["diverged"] == ["bf16-s2"] and "gate" in result
-    assert result["config"]["bootstrap"] == config["analysis"]["bootstrap"]
-    for name in FIGURES:
-        assert_png(analysis / "figures" / f"{name}.png")
-    text = (analysis / "report.md").read_text()
-    assert "## Gate" in text and "- bf16-s2: entropy collapsed" in text and "## Cross-seed overlap" in text
-    metrics = pd.read_parquet(analysis / "metrics.parquet")
-    assert set(metrics["run"]) == set(paths.run_names(validate_config(config, check_files=False)))
-    assert len(pd.read_parquet(analysis / "overlap.parquet")) > 0
-    # `snakemake --report` (captions from figure_list's files) runs once, on the full workflow below
-
-
 # ----------------------------------------------------------------------------- end to end
 
 
 @pytest.fixture(scope="module")
 def finished_workflow(tmp_path_factory) -> Path:
-    """The whole DAG on tests/config.test.yaml (train, evaluate, kl, sparsity, analysis): minutes."""
-    from conftest import load_test_config, make_workflow_dir, run_snakemake
+    """The whole DAG on tests/config.test.yaml (train, evaluate, kl, sparsity, analysis): a minute or more.
+    It starts from a copy of the session's data, base model and base evaluation (conftest.base_evaluated,
+    shared with tests/test_evaluate.py and tests/workflow/test_workflow_foundation.py); this run does every
+    job after them, so the fork server starts in it (the fork-server test below needs its train, evaluate
+    and analysis jobs)."""
+    from conftest import base_evaluated, copy_workflow, run_snakemake
 
-    wf = make_workflow_dir(tmp_path_factory.mktemp("e2e") / "wf", load_test_config())
-    # its own run, from nothing: the fork-server test needs every job of a whole run (the server starts in it)
+    wf = copy_workflow(base_evaluated(tmp_path_factory), tmp_path_factory.mktemp("e2e") / "wf")
     proc = run_snakemake(wf, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return wf
@@ -348,17 +318,23 @@ def test_full_workflow_writes_the_analysis_and_an_html_report(finished_workflow)
     wf, config = finished_workflow, load_test_config()
     analysis = wf / "results" / "analysis"
     metrics = pd.read_parquet(analysis / "metrics.parquet")
-    n_runs = len(paths.run_names(validate_config(config, check_files=False)))
-    assert len(metrics) == n_runs * len(config["data"]["tasks"])
+    runs = paths.run_names(validate_config(config, check_files=False))
+    assert set(metrics["run"]) == set(runs) and len(metrics) == len(runs) * len(config["data"]["tasks"])
     trained = metrics[metrics["precision"].notna()]
     assert trained[["J", "dJ", "kl_k3", "train_steps", "equal_bf16_frac"]].notna().all().all()
     assert set(trained.loc[trained["precision"] == "bf16", "dtype"]) == {"bfloat16"}
+    # the aggregate rule reads each run's run.json (health record): no run diverged, none excluded
+    assert trained["diverged"].eq(False).all() and len(pd.read_parquet(analysis / "overlap.parquet")) > 0
     result = json.loads((analysis / "stats.json").read_text())
     assert set(result["verdicts"]) == {"H1", "H2", "H3"} and "gate" in result
+    assert result["excluded_runs"]["diverged"] == []
+    assert result["config"]["bootstrap"] == config["analysis"]["bootstrap"]  # the stats rule's params
     for name in FIGURES:
         assert_png(analysis / "figures" / f"{name}.png")
     text = (analysis / "report.md").read_text()
     assert all(f"### {h}: " in text for h in ("H1", "H2", "H3"))
+    n_trained = trained["run"].nunique()
+    assert f"None of the {n_trained} trained runs diverged" in text and "## Cross-seed overlap" in text
     # the first screen: what each arm is, then what the run says, before any rule or table of ratios
     first = text[: text.index("## Gate")]
     assert first.index("## Arms") < first.index("## What this run says")

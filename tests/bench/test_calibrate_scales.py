@@ -7,10 +7,21 @@ import pytest
 from conftest import bench_module
 from test_null_splits import TASKS, write_metrics
 
+# The rule's bootstrap tables and seed permutations per comparison in these tests (the analysis default,
+# 2000, took 5x the time: 30 s against 6 s for the script's test): p resolves to 1/201, enough for alpha
+# 0.05 and for the planted effects and twin pairs checked here.
+BOOTSTRAP = 200
+
 
 @pytest.fixture(scope="module")
 def cal():
     return bench_module("calibrate_scales")
+
+
+@pytest.fixture
+def quick_bootstrap(cal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The functions called directly use BOOTSTRAP too (what ``main`` sets from --bootstrap)."""
+    monkeypatch.setattr(cal, "BOOTSTRAP", BOOTSTRAP)
 
 
 def test_a_planted_effect_multiplies_the_whole_seed_variance_in_its_form(cal):
@@ -43,7 +54,7 @@ def test_the_script_prints_every_scale_and_form_and_finds_a_large_planted_effect
     write_metrics(tmp_path / "a", "fp32", range(1, 17), rng)
     out_json = tmp_path / "out.json"
     args = ["--arm", f"{tmp_path / 'a'}:fp32", "--seeds", "8", "--splits", "4", "--ratio", "64", "--parts",
-            "--json", str(out_json)]  # fmt: skip
+            "--bootstrap", str(BOOTSTRAP), "--json", str(out_json)]  # fmt: skip
     assert cal.main(args) == 0
     text = capsys.readouterr().out
     for what in cal.SCALES.values():
@@ -69,7 +80,7 @@ def test_the_script_prints_every_scale_and_form_and_finds_a_large_planted_effect
 
 
 @pytest.mark.slow
-def test_twin_pairs_are_every_ordered_pair_of_the_folder_arms(cal, tmp_path):
+def test_twin_pairs_are_every_ordered_pair_of_the_folder_arms(cal, quick_bootstrap, tmp_path):
     rng = np.random.default_rng(2)
     frames = [
         write_metrics(tmp_path / arm, arm, range(1, 9), rng) for arm in ("fp32", "fp32_twin", "fp32_twin2")
@@ -85,7 +96,9 @@ def test_twin_pairs_are_every_ordered_pair_of_the_folder_arms(cal, tmp_path):
 
 
 @pytest.mark.slow
-def test_twin_sets_cut_the_pooled_runs_into_disjoint_sets_and_compare_every_ordered_pair(cal, tmp_path):
+def test_twin_sets_cut_the_pooled_runs_into_disjoint_sets_and_compare_every_ordered_pair(
+    cal, quick_bootstrap, tmp_path
+):
     from null_splits import pooled_runs
 
     rng = np.random.default_rng(3)
@@ -98,7 +111,9 @@ def test_twin_sets_cut_the_pooled_runs_into_disjoint_sets_and_compare_every_orde
 
 
 @pytest.mark.slow
-def test_random_partitions_count_larger_pairs_among_sets_cut_from_a_shuffled_order(cal, tmp_path, capsys):
+def test_random_partitions_count_larger_pairs_among_sets_cut_from_a_shuffled_order(
+    cal, quick_bootstrap, tmp_path, capsys
+):
     from null_splits import pooled_runs
 
     rng = np.random.default_rng(4)
@@ -112,7 +127,7 @@ def test_random_partitions_count_larger_pairs_among_sets_cut_from_a_shuffled_ord
     shuffled = cal.twin_sets(pool, 6, ["dJ"], np.unique(pool["unit"])[::-1])  # set1 = the small runs
     assert verdicts(shuffled) == [("set1", "set2", True), ("set2", "set1", False)]
     args = [*(x for arm in arms for x in ("--arm", arm)), "--seeds", "6", "--splits", "1", "--null-only",
-            "--scales", "dJ", "--twin-sets", "--partitions", "3",
+            "--scales", "dJ", "--twin-sets", "--partitions", "3", "--bootstrap", str(BOOTSTRAP),
             "--json", str(tmp_path / "p.json")]  # fmt: skip
     assert cal.main(args) == 0
     text = capsys.readouterr().out

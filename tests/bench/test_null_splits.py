@@ -39,7 +39,7 @@ def test_runs_in_two_folders_count_once_and_arms_are_relabelled(null_splits, tmp
         [f"{tmp_path / d}:{a}" for d, a in (("a", "fp32"), ("b", "fp32_twin"), ("c", "fp32"))]
     )
     assert pool["unit"].nunique() == 20 and len(pool) == 20 * len(TASKS)
-    outcomes = null_splits.split_verdicts(pool, 8, 10, seed=0)
+    outcomes = null_splits.split_verdicts(pool, 8, 10, seed=0, bootstrap=200)  # the default 2000: 5x the time
     assert set(outcomes) == {"dJ", "kl", "dJ_model_alone", "kl_model_alone"}
     assert all(len(v) == 10 for v in outcomes.values())
     assert set(outcomes["dJ"]) <= {"supported", "inconclusive", "contradicted"}

@@ -57,3 +57,28 @@ def test_a_job_may_name_its_cache_directory(tmp_path, monkeypatch):
     chosen = vllm_engine.job_cache_root(tmp_path / "run" / "vllm-cache")
     assert chosen == str((tmp_path / "run" / "vllm-cache").resolve()) == os.environ["VLLM_CACHE_ROOT"]
     assert Path(chosen).is_dir() and vllm_engine.job_cache_root() == chosen
+
+
+def test_jobs_share_only_what_vllm_learned_about_a_model_class(tmp_path, monkeypatch):
+    """Two jobs' caches link modelinfos/ to one folder of this user's (an entry one job writes, the next
+    reads; removing a job's cache leaves it); a folder others could write is not shared."""
+    caches = []
+    for _ in range(2):  # two jobs' processes: each inherits the node's root
+        monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+        monkeypatch.setattr(vllm_engine, "_job_cache", None)
+        caches.append(Path(vllm_engine.job_cache_root()))
+    assert caches[0] != caches[1]
+    shared = tmp_path / f"rlvr-vllm-modelinfos-{os.getuid()}"
+    entry = "vllm-model_executor-models-llama-LlamaForCausalLM.json"
+    (caches[0] / "modelinfos" / entry).write_text("{}")
+    assert (caches[1] / "modelinfos" / entry).read_text() == "{}"
+    assert (shared.stat().st_mode & 0o777) == 0o700
+    vllm_engine.shutil.rmtree(caches[0])
+    assert (shared / entry).is_file() and not caches[0].exists()
+    # only the modelinfos folder is shared: the compile caches stay the job's own
+    assert [p.name for p in caches[1].iterdir()] == ["modelinfos"]
+
+    shared.chmod(0o777)  # writable by others: not trusted
+    other = tmp_path / "job3"
+    other.mkdir()
+    assert vllm_engine.share_modelinfos(other, tmp_path) is None and not (other / "modelinfos").exists()

@@ -16,7 +16,7 @@ import pytest
 
 from workflow_scripts.runtime import forkserver
 
-pytestmark = pytest.mark.slow  # every test starts job processes (and servers) that import torch
+pytestmark = pytest.mark.slow  # every test starts job processes (or the module's server) that import torch
 REPO = Path(__file__).resolve().parents[2]
 
 # A job script: delegates first (as startup does for a stage's job), then reports where it ran and what
@@ -48,34 +48,56 @@ sys.exit(int(sys.argv[2]) if mode == "exit" else 0)
 """
 
 
-@pytest.fixture
-def probe(tmp_path):
-    script = tmp_path / "probe.py"
-    script.write_text(PROBE.format(repo=str(REPO)))
-    # a short folder: pytest's tmp paths can be longer than a Unix socket's path may be
-    folder = Path(tempfile.mkdtemp(prefix="fs-")) / "s"
-    env = {
-        **os.environ,
-        forkserver.DIR_ENV: str(folder),
-        forkserver.IMPORTS_ENV: "torch",  # a server of seconds, not the stages' ~10 s
-        forkserver.IDLE_ENV: "20",
-        "OMP_NUM_THREADS": "1",  # per job: not part of the key
-        "OMP_WAIT_POLICY": "PASSIVE",  # a job that would spin runs fresh (tested below)
-        "PROBE_VALUE": "v1",
-    }
-    env.pop(forkserver.ENABLE_ENV, None)
-    env.pop("SLURM_JOB_ID", None)
+class Probe:
+    """Runs the probe script as a job would run (``probe(mode, *args, cwd=..., **env)``) with one socket
+    folder: a short one, since pytest's tmp paths can be longer than a Unix socket's path may be."""
 
-    def run(*args: str, cwd: Path = tmp_path, **extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                              cwd=cwd, env={**env, **extra}, timeout=120)  # fmt: skip
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.script = tmp, tmp / "probe.py"
+        self.first: subprocess.CompletedProcess | None = None  # the module fixture's first job
+        self.script.write_text(PROBE.format(repo=str(REPO)))
+        self.folder = Path(tempfile.mkdtemp(prefix="fs-")) / "s"
+        self.env = {
+            **os.environ,
+            forkserver.DIR_ENV: str(self.folder),
+            forkserver.IMPORTS_ENV: "torch",  # a server of seconds, not the stages' ~10 s
+            # it serves the whole module: it must outlive a fresh job's start (~3 s, far more on a busy
+            # machine) between two forked ones; the teardown stops it at once
+            forkserver.IDLE_ENV: "120",
+            "OMP_NUM_THREADS": "1",  # per job: not part of the key
+            "OMP_WAIT_POLICY": "PASSIVE",  # a job that would spin runs fresh (tested below)
+            "PROBE_VALUE": "v1",
+        }
+        self.env.pop(forkserver.ENABLE_ENV, None)
+        self.env.pop("SLURM_JOB_ID", None)
 
-    run.env, run.script, run.folder = env, script, folder
-    yield run
-    for sock in folder.glob("*.sock"):  # stop this test's servers now, not after their idle time
-        sock.unlink()
-    time.sleep(1.5)  # a server checks its socket every second
-    shutil.rmtree(folder.parent, ignore_errors=True)
+    def __call__(self, *args: str, cwd: Path | None = None, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(self.script), *args], capture_output=True, text=True,
+                              cwd=cwd or self.tmp, env={**self.env, **extra}, timeout=120)  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the folder's servers now, not after their idle time, and remove the folder."""
+        sockets = list(self.folder.glob("*.sock"))
+        for sock in sockets:
+            sock.unlink()
+        if sockets:
+            time.sleep(1.5)  # a server checks its socket every second
+        shutil.rmtree(self.folder.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    """One server for the module's tests (each server start imports torch once more): the first job of
+    an empty folder runs fresh and starts it (``probe.first``, for the test of that); every later job of
+    the same key is forked from it."""
+    run = Probe(tmp_path_factory.mktemp("forkserver"))
+    run.first = run("exit", "0")
+    try:
+        if run.first.returncode == 0:
+            wait_for_server(run.folder)
+        yield run
+    finally:
+        run.close()
 
 
 def wait_for_server(folder: Path, timeout: float = 90.0) -> None:
@@ -89,7 +111,7 @@ def wait_for_server(folder: Path, timeout: float = 90.0) -> None:
 
 
 def test_the_first_job_runs_fresh_and_starts_a_server_the_next_is_forked_as_the_client(probe, tmp_path):
-    first = probe("exit", "0")
+    first = probe.first
     assert first.returncode == 0 and first.stdout.startswith("fresh"), first.stderr
     wait_for_server(probe.folder)
     elsewhere = tmp_path / "elsewhere"
@@ -104,10 +126,11 @@ def test_the_first_job_runs_fresh_and_starts_a_server_the_next_is_forked_as_the_
 
 
 def test_a_forked_job_computes_the_floats_a_fresh_process_computes_at_its_own_thread_count(probe):
-    probe("exit", "0")
-    wait_for_server(probe.folder)
     for threads in ("1", "2"):
-        fresh = probe("exit", "0", **{forkserver.ENABLE_ENV: "off", "OMP_NUM_THREADS": threads})
+        if threads == "1":  # the server's first job: a fresh process at one thread (OMP_NUM_THREADS=1)
+            fresh = probe.first
+        else:
+            fresh = probe("exit", "0", **{forkserver.ENABLE_ENV: "off", "OMP_NUM_THREADS": threads})
         forked = probe("exit", "0", OMP_NUM_THREADS=threads)
         assert fresh.stdout.startswith("fresh") and forked.stdout.startswith("forked"), forked.stderr
         # same thread count in torch's pool, same digest of fp32 and bf16 products
@@ -115,15 +138,13 @@ def test_a_forked_job_computes_the_floats_a_fresh_process_computes_at_its_own_th
 
 
 def test_an_exception_in_a_forked_job_prints_its_traceback_and_exits_1(probe):
-    probe("exit", "0")
-    wait_for_server(probe.folder)
+    wait_for_server(probe.folder)  # the module's server still listens: the job is forked
     proc = probe("raise")
     assert proc.returncode == 1
     assert "RuntimeError: the job failed" in proc.stderr and "Traceback" in proc.stderr
 
 
 def test_a_forked_job_ends_when_its_client_is_killed(probe, tmp_path):
-    probe("exit", "0")
     wait_for_server(probe.folder)
     pid_file = tmp_path / "child.pid"
     client = subprocess.Popen([sys.executable, str(probe.script), "sleep", str(pid_file)], env=probe.env,
@@ -150,14 +171,19 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a job spins only when its threads cover >1 CPU")
-def test_a_job_that_would_spin_runs_fresh_and_starts_no_server(probe):
-    cpus = str(len(os.sched_getaffinity(0)))
-    env_policy = {k: v for k, v in probe.env.items() if k != "OMP_WAIT_POLICY"}
-    proc = subprocess.run([sys.executable, str(probe.script), "exit", "0"], capture_output=True, text=True,
-                          env={**env_policy, "OMP_NUM_THREADS": cpus}, timeout=120)  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.startswith("fresh"), proc.stderr
-    time.sleep(1.0)
-    assert not list(probe.folder.glob("*.log"))  # no server was started for it
+def test_a_job_that_would_spin_runs_fresh_and_starts_no_server(tmp_path):
+    probe = Probe(tmp_path)  # a folder of its own: the module's server is not there
+    try:
+        cpus = str(len(os.sched_getaffinity(0)))
+        env_policy = {k: v for k, v in probe.env.items() if k != "OMP_WAIT_POLICY"}
+        env = {**env_policy, "OMP_NUM_THREADS": cpus}
+        proc = subprocess.run([sys.executable, str(probe.script), "exit", "0"], capture_output=True,
+                              text=True, env=env, timeout=120)  # fmt: skip
+        assert proc.returncode == 0 and proc.stdout.startswith("fresh"), proc.stderr
+        time.sleep(1.0)
+        assert not list(probe.folder.glob("*.log"))  # no server was started for it
+    finally:
+        probe.close()
 
 
 def test_the_key_changes_with_code_and_environment_but_not_with_a_jobs_threads(tmp_path):

@@ -1,10 +1,14 @@
 """Multi-process training (train.distributed): the launch command, the config checks, the FSDP precision
 policy per arm, and real 2-process gloo runs on CPU (through Snakemake; a second run, killed and resumed,
-that must end bit-identical to an uninterrupted one).
+that must end bit-identical to an uninterrupted one, both with DAPO's dynamic sampling on).
 
 FSDP runs here too: accelerate turns an FSDP plugin into FSDP only on accelerators, so the train stage sets
 that state on CPU processes (``ranks.fsdp_on_cpu``) and torch's FSDP2 shards over gloo; two 2-process
 FSDP runs check the arms' contracts on every rank.
+
+A launch's cost is mostly its three processes' start-up (the launcher and two ranks import torch,
+transformers and TRL: ~10-15 s a launch against ~0.1-0.3 s a tiny step), so the module launches as few
+runs as its claims need (seven) and tests read their outputs rather than launch their own.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import pytest
 import torch
 from accelerate.commands.launch import launch_command_parser
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-from conftest import bit_identical, load_test_config, make_workflow_dir, run_snakemake
+from conftest import base_evaluated, bit_identical, copy_workflow, load_test_config, run_snakemake, set_key
 from safetensors.torch import load_file
 
 from workflow_scripts.runtime.config import ConfigError, validate_config
@@ -202,11 +206,17 @@ def _assert_two_rank_run(out, steps: int) -> dict:
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(tmp_path):
-    config = load_test_config()
-    config["train"].update(max_steps=4, checkpoint_every=2, kl_every=2, distributed={"processes": 2})
-    config["seeds"] = [1]
-    workdir = make_workflow_dir(tmp_path / "wf", config)
+def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(
+    tmp_path, tmp_path_factory, monkeypatch
+):
+    # the session's data and base model (conftest.base_evaluated, shared with tests/test_evaluate.py and
+    # tests/workflow/test_workflow_foundation.py): the train job is the only job this run adds, so a fork
+    # server (runtime/forkserver.py) it started would import the stages for no other job
+    workdir = copy_workflow(base_evaluated(tmp_path_factory), tmp_path / "wf")
+    monkeypatch.setenv("RLVR_FORK_SERVER", "off")
+    train = {**load_test_config()["train"], "max_steps": 4, "checkpoint_every": 2, "kl_every": 2}
+    set_key(workdir / "config.yaml", "train", {**train, "distributed": {"processes": 2}})
+    set_key(workdir / "config.yaml", "seeds", [1])
     target = "results/train/fp32/seed1/run.json"
     proc = run_snakemake(workdir, target, timeout=400)  # its own run: the only 2-process train job
     log = workdir / "logs" / "train" / "fp32" / "seed1.log"
@@ -222,13 +232,18 @@ def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(tmp_path):
     assert "step 4/4" in text  # the ranks' own output, not only the launcher's
 
 
-STEPS = 12  # a kill right after the first checkpoint (step 2) leaves ~10 steps for the parent to die
+# A kill right after the first checkpoint (step 2) leaves 6 steps (seconds) for the launcher to stop the
+# ranks (it gets SIGTERM ~0.2 s after the parent dies); 8 steps cross the first epoch's end (step 6).
+STEPS = 8
 
 
 def _job(tiny_base, name: str) -> dict:
+    """The 2-process DDP run of the deterministic fp32 arm, with dynamic sampling: every rank joins every
+    refill draw (collectives), so the resumed run must restore the draws' state on both ranks too."""
     root = tiny_base["root"] / "distributed" / name
     config = json.loads(json.dumps(tiny_base["config"]))
     config["train"].update(max_steps=STEPS, checkpoint_every=2, kl_every=6, learning_rate=1e-3)
+    config["train"].update(dynamic_sampling=True, dynamic_sampling_max_rounds=8)
     config["train"]["distributed"] = {"processes": 2, "strategy": "ddp"}
     data, base = tiny_base["data_dir"], tiny_base["base_dir"]
     return job_from_config(config, "fp32", 1, data, base, root / "out", root / "ckpt")  # deterministic arm
@@ -246,6 +261,40 @@ def uninterrupted(tiny_base) -> dict:
     return _weights(job)
 
 
+@pytest.mark.slow
+def test_dynamic_sampling_with_two_processes_fills_every_round(tiny_base, uninterrupted):
+    """Gloo on CPU: every process joins every refill draw (collectives) and the counts are summed."""
+    out = Path(_job(tiny_base, "a")["out_dir"])
+    run_record = json.loads((out / "run.json").read_text())
+    assert run_record["world_size"] == 2 and run_record["dynamic_sampling"]["enabled"] is True
+    fresh = [r for r in read_metrics(out / "metrics.jsonl") if r["generation_step"]]
+    assert fresh and all(r["groups_kept"] == 8 and r["groups_zero_spread"] == 0 for r in fresh)
+    assert all(r["rollouts_drawn"] >= 8 for r in fresh)
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` (children, their children, ...), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 _PARENT = "import json, sys; from workflow_scripts.training.launch import launch_training; " + (
     "launch_training(json.loads(sys.argv[1]), 2, 2, sys.argv[2])"
 )
@@ -255,7 +304,7 @@ _PARENT = "import json, sys; from workflow_scripts.training.launch import launch
 def test_a_killed_two_process_job_stops_its_workers_and_resumes_bit_identically(tiny_base, uninterrupted):
     """A second run of the deterministic fp32 arm, killed after its first checkpoint and resumed, ends with
     the uninterrupted run's weights bit for bit: two 2-process runs agree, and resuming loses nothing.
-    (Its steps 1-2 come from the killed processes, 3-12 from the rerun: a second computation of every
+    (Its steps 1-2 come from the killed processes, 3-8 from the rerun: a second computation of every
     step.)"""
     assert tiny_base["config"]["precisions"]["fp32"]["deterministic"] is True
     job = _job(tiny_base, "killed")
@@ -263,13 +312,19 @@ def test_a_killed_two_process_job_stops_its_workers_and_resumes_bit_identically(
     log = out.parent / "train.log"
     parent = subprocess.Popen([sys.executable, "-c", _PARENT, json.dumps(job), str(log)], env=launch_env())
     deadline = time.time() + 120
+    launched: set[int] = set()  # the launcher and the ranks
     while parent.poll() is None and time.time() < deadline:
         if is_complete_checkpoint(ckpt / "checkpoint-2", world=2):  # every rank's part written
+            launched = _descendants(parent.pid)
             parent.kill()  # as a scheduler kills the train job's process: no cleanup of its own
             break
         time.sleep(0.02)
     assert parent.wait(timeout=30) == -signal.SIGKILL, log.read_text()[-3000:]
-    time.sleep(5)  # orphaned workers would finish the remaining steps by now (and delete ckpt/)
+    assert len(launched) >= 3, launched  # the launcher and both ranks were running at the kill
+    deadline = time.time() + 60  # orphaned ranks would go on and finish the run (and delete ckpt/)
+    while any(_alive(pid) for pid in launched):
+        assert time.time() < deadline, "the ranks outlived the killed job"
+        time.sleep(0.1)
     assert not (out / "run.json").exists() and ckpt.is_dir()
 
     launch_training(job, processes=2, threads=2, log_path=log)  # the rerun

@@ -1,7 +1,11 @@
 """The held-out curve split across ranks (training.heldout): with the colocated vLLM engine every engine
 samples a contiguous share of each task's slice, seeded as the whole slice seeds it, and rank 0 gathers
 the scored shares. Two gloo processes on CPU, a fake engine (vLLM is not needed): the lines rank 0
-writes equal one process's, and each engine received only its share of the prompts."""
+writes equal one process's, and each engine received only its share of the prompts.
+
+Three processes in all: one process's lines (the reference), and one pair of ranks that measures twice,
+one engine per rank and then one tensor-parallel group of both (a process's start-up is most of a run's
+cost)."""
 
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-out, world, rank, tp = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+root, world, rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+tensor_parallel = [int(tp) for tp in sys.argv[4].split(",")]  # one measurement each, in root/tp{tp}/
 if world > 1:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
@@ -84,16 +89,19 @@ spec = {"every": 3, "problems": 5, "samples": 4, "temperature": 1.0, "top_p": 1.
         "tasks": {t: {"kind": "integer", "role": "on_task", "max_new_tokens": 8, "verifier": None}
                   for t in tasks}}
 run = {"run": "fp32-s1", "precision": "fp32", "seed": 1, "repeat": 0, "stream": "fp32-s1"}
-llm = FakeLLM()
-generation = SimpleNamespace(llm=llm, sync_weights=lambda: None, enable_sleep_mode=False,
-                             tensor_parallel_size=tp)
-curves = HeldOutCurves(out / "heldout.jsonl", spec, slices, run, 6, Tokenizer(), is_main=rank == 0)
-curves.trainer = SimpleNamespace(use_vllm=True, vllm_generation=generation,
-                                 vllm_engine_args={"model_dtype": "float32"})
 model = torch.nn.Linear(1, 1)
-for step in (0, 3, 6):
-    curves.measure(model, step)
-(out / f"calls{rank}.json").write_text(json.dumps(llm.calls))
+for tp in tensor_parallel:
+    out = root / f"tp{tp}"
+    out.mkdir(exist_ok=True)
+    llm = FakeLLM()
+    generation = SimpleNamespace(llm=llm, sync_weights=lambda: None, enable_sleep_mode=False,
+                                 tensor_parallel_size=tp)
+    curves = HeldOutCurves(out / "heldout.jsonl", spec, slices, run, 6, Tokenizer(), is_main=rank == 0)
+    curves.trainer = SimpleNamespace(use_vllm=True, vllm_generation=generation,
+                                     vllm_engine_args={"model_dtype": "float32"})
+    for step in (0, 3, 6):
+        curves.measure(model, step)
+    (out / f"calls{rank}.json").write_text(json.dumps(llm.calls))
 if world > 1:
     dist.destroy_process_group()
 '''
@@ -105,7 +113,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(out: Path, world: int, tp: int = 1) -> tuple[list[dict], list[list]]:
+def _run(out: Path, world: int, tensor_parallel: tuple[int, ...] = (1,)) -> dict[int, tuple[list, list]]:
+    """tp -> (the lines rank 0 wrote, each rank's engine calls) of ``world`` ranks measuring once per
+    tensor-parallel size, one after the other in the same processes."""
     out.mkdir(parents=True)
     script = out / "worker.py"
     script.write_text(WORKER)
@@ -113,15 +123,31 @@ def _run(out: Path, world: int, tp: int = 1) -> tuple[list[dict], list[list]]:
            "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # fmt: skip
     command = [sys.executable, str(script), str(out), str(world)]
     pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    sizes = ",".join(map(str, tensor_parallel))
     procs = [
-        subprocess.Popen([*command, str(rank), str(tp)], env=env, cwd=ROOT, **pipe) for rank in range(world)
+        subprocess.Popen([*command, str(rank), sizes], env=env, cwd=ROOT, **pipe) for rank in range(world)
     ]
     for proc in procs:
         output, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, output[-3000:]
-    lines = [json.loads(x) for x in (out / "heldout.jsonl").read_text().splitlines()]
-    calls = [json.loads((out / f"calls{rank}.json").read_text()) for rank in range(world)]
-    return lines, calls
+    runs = {}
+    for tp in tensor_parallel:
+        lines = [json.loads(x) for x in (out / f"tp{tp}" / "heldout.jsonl").read_text().splitlines()]
+        calls = [json.loads((out / f"tp{tp}" / f"calls{rank}.json").read_text()) for rank in range(world)]
+        runs[tp] = lines, calls
+    return runs
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> tuple[list[dict], list[list]]:
+    """One process's lines and engine calls: what the split runs must reproduce."""
+    return _run(tmp_path_factory.mktemp("heldout") / "one", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict[int, tuple[list, list]]:
+    """Two ranks, measured with an engine each (tp 1) and as one tensor-parallel group (tp 2)."""
+    return _run(tmp_path_factory.mktemp("heldout") / "two", 2, tensor_parallel=(1, 2))
 
 
 def _numbers(lines: list[dict]) -> list[dict]:
@@ -146,9 +172,9 @@ def test_ranks_of_a_tensor_parallel_group_share_one_engine_and_its_first_rank_sc
 
 
 @pytest.mark.slow
-def test_two_ranks_each_sample_their_share_and_rank_0_writes_one_process_numbers(tmp_path):
-    single, (one,) = _run(tmp_path / "one", 1)
-    split, (first, second) = _run(tmp_path / "two", 2)
+def test_two_ranks_each_sample_their_share_and_rank_0_writes_one_process_numbers(single, two_ranks):
+    single, (one,) = single
+    split, (first, second) = two_ranks[1]
     assert _numbers(split) == _numbers(single)  # the same lines, in the same order
     assert [(x["step"], x["task"]) for x in split] == [(s, t) for s in (0, 3, 6) for t in ("arith", "count")]
     assert 0 < split[0]["pass_at_1"] < 1  # the draws decide the numbers: a wrong seed would show
@@ -158,8 +184,8 @@ def test_two_ranks_each_sample_their_share_and_rank_0_writes_one_process_numbers
 
 
 @pytest.mark.slow
-def test_a_tensor_parallel_group_sends_its_engine_the_whole_slice_and_scores_it_once(tmp_path):
-    single, _ = _run(tmp_path / "one", 1)
-    split, (first, second) = _run(tmp_path / "tp", 2, tp=2)
+def test_a_tensor_parallel_group_sends_its_engine_the_whole_slice_and_scores_it_once(single, two_ranks):
+    single, _ = single
+    split, (first, second) = two_ranks[2]
     assert _numbers(split) == _numbers(single)
     assert first == second and [len(c) for c in first] == [5, 4] * 3

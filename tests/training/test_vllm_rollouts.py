@@ -1,10 +1,18 @@
 """TRL's colocated vLLM rollouts through the project's trainer, against vLLM's real engine (CPU build).
 
-Two runs of 6 steps (3 generation rounds of 8 prompt groups) on a tiny base with heads of 32
-(``VLLM_TINY``), each in its own process as the train stage runs: the fp32 arm with TRL's
-importance-sampling correction on, the bf16 arm with it off (and dropout 0, so that its sampler gap is
-the engine's alone); dynamic sampling on in both; lr 1e-3, so the weights move far each step and an
-engine left with stale weights would show at once.
+Runs of 6 steps (3 generation rounds of 8 prompt groups) on a tiny base with heads of 32 (``VLLM_TINY``):
+the fp32 arm with TRL's importance-sampling correction on, the bf16 arm with it off (and dropout 0, so that
+its sampler gap is the engine's alone), the fp32 arm again without held-out curves, and an fp32 trainer
+whose engine samples in bf16; dynamic sampling on in all; lr 1e-3, so the weights move far each step and
+an engine left with stale weights would show at once.
+
+Each run is its own process, as a train job forked from the workflow's warm server is
+(``runtime.forkserver``): one parent imports the train stage and vLLM once (after ``prepare_process``, as a
+job does before its first engine) and forks a child per run, one after another. The children share the
+parent's vLLM cache folder, so vLLM inspects the model class once (in a subprocess that imports vLLM
+again) instead of once per run. A fresh interpreter per run paid both every time: importing the stage and
+vLLM alone is ~19 s of CPU. Unlike the workflow's server, the parent has vLLM imported (which leaves two
+native threads; the children run with one thread and start their own engine).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,10 +43,41 @@ CORRECTION = {
 }
 
 
+RUNNER = textwrap.dedent("""
+    import json, os, sys, traceback
+    from workflow_scripts.models.vllm_engine import import_vllm, prepare_process
+    prepare_process()  # the engine's variables and this process's vLLM cache, before vllm is imported
+    import_vllm().LLM  # vllm's engine modules, imported once for every run below
+    import trl.generation.vllm_generation
+    from workflow_scripts import train
+    spec = json.load(open(sys.argv[1]))
+    for run in spec["runs"]:
+        pid = os.fork()
+        if pid == 0:  # the run: its own process, forked after the imports (as forkserver jobs are)
+            code = 1
+            try:
+                config = json.load(open(run["config"]))
+                job = train.job_from_config(config, run["arm"], 1, spec["data"], spec["base"], run["out"],
+                                            run["ckpt"])
+                job["heldout"] = job["heldout"] if run["curves"] else None
+                train.run(**job, threads=1)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)  # no atexit: the shared cache folder is the parent's to remove
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            sys.exit(f"run {run['name']} exited {os.waitstatus_to_exitcode(status)}")
+""")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     base = build_tiny_base(tmp_path_factory.mktemp("vllm_base"), VLLM_TINY)
-    out = {}
+    plan = []
     for arm, curves in (("fp32", True), ("bf16", True), ("fp32", False), ("fp32_bf16s", False)):
         name = arm if curves or arm == "fp32_bf16s" else f"{arm}-no-curves"
         config = json.loads(json.dumps(base["config"]))
@@ -50,24 +90,22 @@ def runs(tmp_path_factory) -> dict:
         root = base["root"] / name
         root.mkdir()
         (root / "config.json").write_text(json.dumps(config))
-        code = textwrap.dedent(f"""
-            import json
-            from workflow_scripts import train
-            config = json.load(open({str(root / "config.json")!r}))
-            data, base = {str(base["data_dir"])!r}, {str(base["base_dir"])!r}
-            job = train.job_from_config(config, {arm!r}, 1, data, base, {str(root / "out")!r},
-                                        {str(root / "ckpt")!r})
-            job["heldout"] = job["heldout"] if {curves!r} else None
-            train.run(**job, threads=1)
-        """)
-        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        out[name] = {
-            "run": json.loads((root / "out" / "run.json").read_text()),
-            "heldout": read_metrics(root / "out" / "heldout.jsonl"),
-            "metrics": read_metrics(root / "out" / "metrics.jsonl"),
-            "weights": load_file(root / "out" / "model" / "model.safetensors"),
+        plan.append({"name": name, "arm": arm, "curves": curves, "config": str(root / "config.json"),
+                     "out": str(root / "out"), "ckpt": str(root / "ckpt")})  # fmt: skip
+    spec = base["root"] / "runs.json"
+    spec.write_text(json.dumps({"runs": plan, "data": str(base["data_dir"]), "base": str(base["base_dir"])}))
+    # all four runs (600 s each before): under pytest-timeout's 900 s, so that a hang shows the runs' stderr
+    proc = subprocess.run([sys.executable, "-c", RUNNER, str(spec)], cwd=REPO, capture_output=True, text=True,
+                          timeout=840)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = {}
+    for run in plan:
+        root = Path(run["out"])
+        out[run["name"]] = {
+            "run": json.loads((root / "run.json").read_text()),
+            "heldout": read_metrics(root / "heldout.jsonl"),
+            "metrics": read_metrics(root / "metrics.jsonl"),
+            "weights": load_file(root / "model" / "model.safetensors"),
             "base": load_file(base["base_dir"] / "model.safetensors"),
         }
     return out

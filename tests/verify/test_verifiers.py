@@ -484,7 +484,7 @@ def test_adversarial_code_completions_are_wrong_and_leave_nothing():
         path.unlink(missing_ok=True)
     verdicts = verify_batch(
         "code", [r["completion"] for r in rows], [r["answer"] for r in rows], [r["meta"] for r in rows],
-        timeout=5.0, workers=2,  # a bound, not a speed claim
+        timeout=5.0, workers=4,  # a bound, not a speed claim; the 4 programs that run to it overlap
     )  # fmt: skip
     got = {r["id"]: (v.correct, v.status) for r, v in zip(rows, verdicts, strict=True)}
     want = {r["id"]: (r["expect_correct"], r["expect_status"]) for r in rows}

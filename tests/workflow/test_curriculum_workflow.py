@@ -18,10 +18,17 @@ pytestmark = pytest.mark.slow
 PHASES = [{"family": "add_sub_small", "n": 100, "steps": 4}, {"source": "train", "steps": 4}]
 
 
-def test_two_phase_curriculum_switches_in_metrics(tmp_path):
+def test_two_phase_curriculum_switches_in_metrics(tmp_path, monkeypatch):
+    # two torch jobs, the second waiting on the first: a fork server (runtime/forkserver.py) that the train
+    # job started would import the stages beside it for no job
+    monkeypatch.setenv("RLVR_FORK_SERVER", "off")
     config = load_test_config()
     config["precisions"] = {"fp32": config["precisions"]["fp32"]}
     config["seeds"] = [1]
+    # the switch is in the data and the schedule, not in what the model learns: a 10-step warm start and
+    # the on-task held-out set alone (the test config's 60 steps and three tasks add nothing it checks)
+    config["model"]["tiny"]["sft_steps"] = 10
+    config["data"]["tasks"] = {"add_sub": config["data"]["tasks"]["add_sub"]}
     config["train"].update(max_steps=8, checkpoint_every=100, kl_every=100, eval_every=4, curriculum=PHASES)
     work = make_workflow_dir(tmp_path / "wf", config)
     proc = run_snakemake(work, "results/train/fp32/seed1/run.json")  # its own run: the only curriculum config

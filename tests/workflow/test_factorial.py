@@ -1,14 +1,17 @@
 """The factorial config runs end to end: six arms that separate storage dtype, compute dtype and dropout.
 
 A few-step version of config.factorial.yaml (its arms, the test config's tiny data, model and training)
-runs through snakemake, and every arm's run.json shows the factor levels it claims.
+runs through snakemake, and every arm's run.json shows the factor levels it claims. It starts from a copy
+of the session's data and base model (conftest.base_evaluated: the factorial changes neither), so the run
+is the arms' own jobs: training, evaluation, sparsity, overlap and the analysis.
 """
 
 import json
 
 import pytest
 import torch
-from conftest import REPO, load_test_config, make_workflow_dir, run_snakemake
+import yaml
+from conftest import REPO, base_evaluated, copy_workflow, load_test_config, planned_jobs, run_snakemake
 
 from workflow_scripts.runtime.config import load_config
 from workflow_scripts.runtime.numerics import path_label
@@ -26,7 +29,7 @@ def few_step_factorial() -> dict:
     config = load_test_config()
     config["precisions"] = factorial["precisions"]
     config["seeds"] = [1]  # one run per arm: the arms' contracts are per run; the many-arm analysis of
-    # two seeds is tests/test_report.py::test_analysis_rules_on_a_flat_six_arm_two_seed_table
+    # two seeds: test_stats.py's and test_report.py's zero-spread tests (six arms, two seeds each)
     config["data"]["tasks"] = {k: v for k, v in config["data"]["tasks"].items() if k == "add_sub"}
     config["train"]["max_steps"] = 4
     config["train"]["checkpoint_every"] = 4
@@ -70,10 +73,16 @@ def test_the_factorial_config_adds_a_stochastic_rounding_twin_of_the_bf16_arm():
     assert {**sr["bf16_sr"], "rounding": "nearest"} == {**every["bf16"], "rounding": "nearest"}
 
 
-def test_a_few_step_factorial_runs_end_to_end_and_each_arm_is_what_it_names(tmp_path):
+def test_a_few_step_factorial_runs_end_to_end_and_each_arm_is_what_it_names(tmp_path, tmp_path_factory):
     config = few_step_factorial()
-    wf = make_workflow_dir(tmp_path / "wf", config)
-    proc = run_snakemake(wf, timeout=1500)  # its own run: the only one on the factorial's arms
+    wf = copy_workflow(base_evaluated(tmp_path_factory), tmp_path / "wf")
+    with open(wf / "config.yaml", "w", encoding="utf-8") as fh:
+        yaml.safe_dump(config, fh, sort_keys=False)
+    arms = len(config["precisions"])
+    stages = ("prepare_train", "prepare_eval", "base_model", "train", "evaluate")
+    jobs = planned_jobs(wf)  # data, base model and its evaluation are the session's; + base-bfloat16's
+    assert [jobs.get(k, 0) for k in stages] == [0, 0, 0, arms, arms + 1], jobs
+    proc = run_snakemake(wf, timeout=1500)  # the only run on the factorial's arms
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, arm in config["precisions"].items():
         for seed in config["seeds"]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import snakemake_server
 import yaml
-from conftest import REPO, SNAKEMAKE, log_workflow_run, make_workflow_dir
+from conftest import REPO, SNAKEMAKE, job_stats, log_workflow_run, make_workflow_dir
 
 from workflow_scripts.runtime import hub_copies, paths
 from workflow_scripts.runtime.config import load_config
@@ -88,28 +88,29 @@ def dry_run(workdir: Path, argv: list[str]) -> str:
     return proc.stdout
 
 
-def job_counts(stdout: str) -> dict[str, int]:
-    lines = stdout.splitlines()
-    start = lines.index("Job stats:") + 3
-    jobs = {}
-    for line in lines[start:]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        jobs[parts[0]] = int(parts[1])
-    return jobs
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """Shipped config -> the stdout of its README command's dry run, each run once for the module."""
+    found: dict[str, str] = {}
+
+    def plan(name: str) -> str:
+        if name not in found:
+            default = yaml.safe_load((REPO / "config.yaml").read_text())  # config.yaml beside it, always
+            wf = make_workflow_dir(tmp_path_factory.mktemp("shipped") / "wf", default)
+            for shipped in SHIPPED:  # the file and any it extends (config.one-node.yaml: config.paper.yaml)
+                if shipped != "config.yaml":
+                    shutil.copy2(REPO / shipped, wf / shipped)
+            found[name] = dry_run(wf, readme_command(name))
+        return found[name]
+
+    return plan
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_shipped_config_plans_its_own_jobs_with_the_readme_command(tmp_path, name):
-    default = yaml.safe_load((REPO / "config.yaml").read_text())
-    wf = make_workflow_dir(tmp_path / "wf", default)  # config.yaml beside it, always
-    for shipped in SHIPPED:  # the file and any it extends (config.one-node.yaml extends config.paper.yaml)
-        if shipped != "config.yaml":
-            shutil.copy2(REPO / shipped, wf / shipped)
+def test_shipped_config_plans_its_own_jobs_with_the_readme_command(planned, name):
     config = load_config(REPO / name, check_files=False)
-    out = dry_run(wf, readme_command(name))
-    assert job_counts(out) == expected_jobs(config)
+    out = planned(name)
+    assert job_stats(out) == expected_jobs(config)
     outputs = " ".join(re.findall(r"^\s*output: (.*)$", out, flags=re.M))
     tasks = set(re.findall(r"results/eval/[^/\s]+/(\w+)\.json", outputs))
     arms = set(re.findall(r"results/train/(\w+)/seed\d+/run\.json", outputs))
@@ -119,11 +120,10 @@ def test_shipped_config_plans_its_own_jobs_with_the_readme_command(tmp_path, nam
     assert runs == set(paths.run_names(config)) | set(paths.snapshot_runs(config))  # snapshots: evaluated too
 
 
-def test_paper_config_plans_exactly_the_paper_tasks_and_arms(tmp_path):
-    """README's paper-scale command: the paper's 7 tasks, 2 arms x 5 seeds, nothing of config.yaml."""
-    wf = make_workflow_dir(tmp_path / "wf", yaml.safe_load((REPO / "config.yaml").read_text()))
-    shutil.copy2(REPO / "config.paper.yaml", wf)
-    out = dry_run(wf, shlex.split("snakemake -n --cores 8 --configfile config.paper.yaml"))
+def test_paper_config_plans_exactly_the_paper_tasks_and_arms(planned):
+    """README's paper-scale command (the dry run above shares it): the paper's 7 tasks, 2 arms x 5 seeds,
+    nothing of config.yaml."""
+    out = planned("config.paper.yaml")
     tasks = set(re.findall(r"results/eval/[^/\s]+/(\w+)\.json", out))
     assert tasks == {"math500", "aime24", "aime25", "amc23", "gsm8k", "mmlu_stem", "humaneval"}
     assert set(re.findall(r"results/train/(\w+)/seed(\d+)/run\.json", out)) == {

@@ -33,7 +33,11 @@ What vLLM does beside the engine, and what is done about it here:
 - its compile cache (``VLLM_CACHE_ROOT``, default ``~/.cache/vllm``: torch.compile graphs, and the
   inductor and Triton caches vLLM redirects into it, vllm/compilation/backends.py:1067-1068 and
   compiler_interface.py:475-480) would be one directory for every job of a node; ``job_cache_root``
-  gives each job (each process that starts engines) its own, removed when the process exits.
+  gives each job (each process that starts engines) its own, removed when the process exits. Only its
+  ``modelinfos/`` (what vLLM learned about a model class, in a subprocess that imports vLLM again: ~15 s
+  per engine process on a 2-core CPU) is shared, one folder per user beside the jobs' caches:
+  vLLM keys each entry by a hash of the model module's source and ignores a stale one
+  (model_executor/models/registry.py:988-1015) and writes it by rename (atomic_writer).
 
 Numerics, set by ``prepare_process`` before the engine starts, for every engine and arm (as the trainer's
 ``precision.apply_determinism`` turns TF32 off for every arm), read in vLLM 0.30.0 and Triton 3.9.0:
@@ -80,6 +84,7 @@ import gc
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -161,9 +166,27 @@ def job_cache_root(root: str | os.PathLike | None = None) -> str:
             Path(parent).expanduser().mkdir(parents=True, exist_ok=True)
             parent = str(Path(parent).expanduser())
         _job_cache = tempfile.mkdtemp(prefix=f"vllm-job-{os.getpid()}-", dir=parent)
-        atexit.register(shutil.rmtree, _job_cache, ignore_errors=True)
+        atexit.register(shutil.rmtree, _job_cache, ignore_errors=True)  # a link is removed, not followed
+        share_modelinfos(_job_cache, Path(parent or tempfile.gettempdir()))
     os.environ["VLLM_CACHE_ROOT"] = _job_cache
     return _job_cache
+
+
+def share_modelinfos(job_cache: str | os.PathLike, where: Path) -> Path | None:
+    """Link ``job_cache/modelinfos`` to this user's shared folder under ``where`` (module docstring), so
+    only a node's first engine process inspects the model class in a subprocess. Not shared (None) where
+    that folder is not this user's alone: a file another user could write would be read as vLLM's own."""
+    shared = where / f"rlvr-vllm-modelinfos-{os.getuid()}"
+    link = Path(job_cache) / "modelinfos"
+    try:
+        shared.mkdir(mode=0o700, exist_ok=True)
+        info = shared.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return None
+        link.symlink_to(shared, target_is_directory=True)
+    except OSError:
+        return None
+    return shared
 
 
 def prepare_process(cache_root: str | os.PathLike | None = None) -> None:
