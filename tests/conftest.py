@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 # numpy's OpenBLAS gets one thread in the test process (set before numpy loads). The statistics' matrices
@@ -17,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -155,20 +157,28 @@ def mark_done(wf: Path) -> None:
 # ---------------------------------------------------------------------------- workflow runs shared by modules
 
 
-def shared_workflow(tmp_path_factory, name: str, config: dict, *targets: str, timeout: int = 900) -> Path:
-    """A workflow dir on ``config`` that snakemake runs to ``targets`` once per test session, across
-    pytest-xdist's workers: the first caller runs it under a file lock in the workers' common temporary
-    folder; later callers (any worker) wait for it and get the same folder. Callers only read it: a test
-    that edits its config or runs more jobs works in a copy (``copy_workflow``). ``targets`` empty: every
-    output of the DAG as an empty placeholder (``placeholder_outputs``), no job run."""
+@contextlib.contextmanager
+def once_per_session(tmp_path_factory, name: str) -> Iterator[Path]:
+    """``shared-<name>`` in pytest-xdist's workers' common temporary folder, under a file lock for the
+    block: the first caller (any worker) builds it there, later callers wait and find it built."""
     import fcntl
-    import json
 
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    folder, key = root / f"shared-{name}", json.dumps([config, targets], sort_keys=True)
     with open(root / f"shared-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield root / f"shared-{name}"
+
+
+def shared_workflow(tmp_path_factory, name: str, config: dict, *targets: str, timeout: int = 900) -> Path:
+    """A workflow dir on ``config`` that snakemake runs to ``targets`` once per test session, across
+    pytest-xdist's workers (``once_per_session``). Callers only read it: a test that edits its config or
+    runs more jobs works in a copy (``copy_workflow``). ``targets`` empty: every output of the DAG as an
+    empty placeholder (``placeholder_outputs``), no job run."""
+    import json
+
+    key = json.dumps([config, targets], sort_keys=True)
+    with once_per_session(tmp_path_factory, name) as folder:
         if not (folder / "key.json").exists():
             wf = make_workflow_dir(folder / "wf", config)
             if targets:

@@ -16,6 +16,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import once_per_session
 from test_aggregate import run_aggregate, write_fake_results
 from test_learning_curves import write_heldout
 
@@ -47,25 +48,27 @@ def assert_png(path: Path) -> None:
     assert height > 200 and width > 200
 
 
+TABLES = ("metrics", "curves", "sparsity", "overlap", "heldout")  # FigureData's frames
+
+
 def shared_table(tmp_path_factory, name: str, build: Callable[[Path], FigureData]) -> FigureData:
-    """``build(folder)`` once per test session, across pytest-xdist's workers (conftest.shared_workflow's
-    file lock in the workers' common temporary folder), pickled there; every caller gets its own unpickled
+    """``build(folder)`` once per test session, across pytest-xdist's workers (conftest.once_per_session),
+    written there as the stages write them (parquet tables, strict stats.json); every caller reads its own
     copy. test_figures.py and test_report.py read the same tables: the zero-spread table's stats fit
     alone is ~26 CPU-s (its power curves over 7 arms), so it is built once for both."""
-    import fcntl
-    import os
-    import pickle
-
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    done = root / f"table-{name}.pickle"
-    with open(root / f"table-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not done.exists():
-            data = build(root / f"table-{name}")
-            done.with_suffix(".tmp").write_bytes(pickle.dumps(data))
-            done.with_suffix(".tmp").rename(done)
-    return pickle.loads(done.read_bytes())
+    with once_per_session(tmp_path_factory, f"table-{name}") as folder:
+        if not (folder / "done").exists():
+            data = build(folder / "build")
+            for table in TABLES:
+                getattr(data, table).to_parquet(folder / f"{table}.parquet")
+            (folder / "stats.json").write_text(json.dumps(data.stats, allow_nan=False))
+            (folder / "precisions.json").write_text(json.dumps(list(data.precisions)))
+            (folder / "done").touch()
+    return FigureData(
+        **{table: pd.read_parquet(folder / f"{table}.parquet") for table in TABLES},
+        stats=json.loads((folder / "stats.json").read_text()),
+        precisions=tuple(json.loads((folder / "precisions.json").read_text())),
+    )
 
 
 def shared_data(tmp_path_factory) -> FigureData:

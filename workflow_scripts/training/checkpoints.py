@@ -40,6 +40,12 @@ def checkpoint_step(path: Path) -> int:
     return int(path.name.rsplit("-", 1)[1])
 
 
+def numbered_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """The ``checkpoint-N`` folders of ``ckpt_dir``, by step (other names left alone)."""
+    found = (p for p in ckpt_dir.glob("checkpoint-*") if p.name.rsplit("-", 1)[1].isdigit())
+    return sorted(found, key=checkpoint_step)
+
+
 def is_complete_checkpoint(path: Path, world: int | None = None) -> bool:
     """Rank 0 writes trainer_state.json after the weights, optimizer, scheduler and its own RNG state; with
     ``world`` > 1 processes (default: the launcher's WORLD_SIZE) every other rank writes its
@@ -68,14 +74,7 @@ def latest_complete_checkpoint(
     (save_total_limit 1), so it starts again; ``prepare_checkpoint_dir`` removes the unusable one."""
     if not ckpt_dir.is_dir():
         return None
-    found = sorted(
-        (
-            p
-            for p in ckpt_dir.glob("checkpoint-*")
-            if p.name.rsplit("-", 1)[1].isdigit() and (before is None or checkpoint_step(p) < before)
-        ),
-        key=checkpoint_step,
-    )
+    found = [p for p in numbered_checkpoints(ckpt_dir) if before is None or checkpoint_step(p) < before]
     latest = None
     for path in found:
         if is_complete_checkpoint(path):
@@ -112,8 +111,8 @@ def prepare_checkpoint_dir(ckpt_dir: Path, key: str, before: int | None = None) 
         write_json(key_file, {"key": key})
         return None
     if before is not None:  # checkpoints a resume cannot use (see latest_complete_checkpoint)
-        for path in ckpt_dir.glob("checkpoint-*"):
-            if path.name.rsplit("-", 1)[1].isdigit() and checkpoint_step(path) >= before:
+        for path in numbered_checkpoints(ckpt_dir):
+            if checkpoint_step(path) >= before:
                 log.warning("removing %s: a run resumed at its last step would train past it", path)
                 shutil.rmtree(path, ignore_errors=True)
     return latest_complete_checkpoint(ckpt_dir, before=before)
