@@ -45,21 +45,52 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# One fork server (workflow_scripts/runtime/forkserver.py) for the whole session's workflow runs instead of
+# one per run: the runs' workflow folders link the repository's package (make_workflow_dir(shared_code=True)),
+# so their jobs compute one server key; sockets live in a private folder that the session made (the
+# controller, before xdist starts its workers, who inherit it) and removes at its end, which stops every
+# server in it; a server idles for up to 20 minutes instead of one. A run then neither waits for a server's
+# imports nor runs its first jobs as fresh processes beside them (~9 CPU-s each on a 2-core AVX2 EPYC).
+_SESSION_FORK_SERVERS: str | None = None
+if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("RLVR_FORK_SERVER_DIR"):
+    import tempfile
+
+    _SESSION_FORK_SERVERS = tempfile.mkdtemp(prefix="rlvr-test-forkservers-")  # 0700, this user's
+    os.environ["RLVR_FORK_SERVER_DIR"] = _SESSION_FORK_SERVERS
+os.environ.setdefault("RLVR_FORK_SERVER_IDLE_S", "1200")
+
+
+def pytest_unconfigure(config) -> None:
+    """The session's fork servers exit once their socket is gone (Server.serve checks every second)."""
+    if _SESSION_FORK_SERVERS:
+        shutil.rmtree(_SESSION_FORK_SERVERS, ignore_errors=True)
+
 
 def load_test_config() -> dict:
     with open(TEST_CONFIG, encoding="utf-8") as fh:
         return yaml.safe_load(fh)
 
 
-def make_workflow_dir(dest: Path, config: dict) -> Path:
-    """A self-contained workflow directory (its own results/) with ``config`` as config.yaml."""
+def make_workflow_dir(dest: Path, config: dict, shared_code: bool = False) -> Path:
+    """A self-contained workflow directory (its own results/) with ``config`` as config.yaml.
+
+    ``shared_code``: workflow_scripts/ is a link to the repository's package instead of a copy, so the
+    runs of a session share one fork server (its key names the package's resolved folder). Only for
+    runs that never edit the package: an edit through the link would change the repository."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in WORKFLOW_FILES:
-        src = REPO / name
+        src, target = REPO / name, dest / name
+        if shared_code and name == "workflow_scripts":
+            if not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+                target.symlink_to(src, target_is_directory=True)
+            continue
+        if target.is_symlink():
+            target.unlink()  # a linked package becomes this folder's own copy, never a copy into the link
         if src.is_dir():
-            shutil.copytree(src, dest / name, dirs_exist_ok=True)
+            shutil.copytree(src, target, dirs_exist_ok=True)
         elif src.exists():
-            shutil.copy2(src, dest / name)
+            shutil.copy2(src, target)
     with open(dest / "config.yaml", "w", encoding="utf-8") as fh:
         yaml.safe_dump(config, fh, sort_keys=False)
     return dest
@@ -170,7 +201,9 @@ def once_per_session(tmp_path_factory, name: str) -> Iterator[Path]:
         yield root / f"shared-{name}"
 
 
-def shared_workflow(tmp_path_factory, name: str, config: dict, *targets: str, timeout: int = 900) -> Path:
+def shared_workflow(
+    tmp_path_factory, name: str, config: dict, *targets: str, timeout: int = 900, shared_code: bool = False
+) -> Path:
     """A workflow dir on ``config`` that snakemake runs to ``targets`` once per test session, across
     pytest-xdist's workers (``once_per_session``). Callers only read it: a test that edits its config or
     runs more jobs works in a copy (``copy_workflow``). ``targets`` empty: every output of the DAG as an
@@ -180,7 +213,7 @@ def shared_workflow(tmp_path_factory, name: str, config: dict, *targets: str, ti
     key = json.dumps([config, targets], sort_keys=True)
     with once_per_session(tmp_path_factory, name) as folder:
         if not (folder / "key.json").exists():
-            wf = make_workflow_dir(folder / "wf", config)
+            wf = make_workflow_dir(folder / "wf", config, shared_code=shared_code)
             if targets:
                 proc = run_snakemake(wf, *targets, timeout=timeout)
                 outcome = "" if proc.returncode == 0 else proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -209,7 +242,7 @@ def base_evaluated(tmp_path_factory) -> Path:
     tasks = list(config["data"]["tasks"])
     targets = ["results/models/base.json", *(f"results/data/eval/{task}.jsonl" for task in tasks)]
     targets += [f"results/eval/base/{task}{suffix}" for task in tasks for suffix in (".json", ".kl.json")]
-    return shared_workflow(tmp_path_factory, "base-evaluated", config, *targets)
+    return shared_workflow(tmp_path_factory, "base-evaluated", config, *targets, shared_code=True)
 
 
 def placeholder_workflow(tmp_path_factory, dest: Path) -> Path:

@@ -456,7 +456,7 @@ def test_seeds_and_kl_prompts_are_stable():
 
 
 @pytest.mark.slow
-def test_evaluate_rule_for_base_writes_pass_at_1_and_kl_in_one_job(tmp_path, tmp_path_factory, monkeypatch):
+def test_evaluate_rule_for_base_writes_pass_at_1_and_kl_in_one_job(tmp_path, tmp_path_factory):
     from conftest import base_evaluated, copy_workflow, load_test_config, planned_jobs, run_snakemake, set_key
 
     config = load_test_config()
@@ -499,8 +499,6 @@ def test_evaluate_rule_for_base_writes_pass_at_1_and_kl_in_one_job(tmp_path, tmp
     per_task = {f: (wf / "results/eval/base" / f).read_bytes() for f in os.listdir(wf / "results/eval/base")}
     set_key(cfg, "eval.jobs", "per_run")
     assert planned_jobs(wf, *targets) == {"evaluate": 1}
-    # one torch job: a fork server (runtime/forkserver.py) it started would import the stages for no job
-    monkeypatch.setenv("RLVR_FORK_SERVER", "off")
     proc = run_snakemake(wf, *targets, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (wf / "logs/evaluate/base.log").read_text()

@@ -206,14 +206,11 @@ def _assert_two_rank_run(out, steps: int) -> dict:
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(
-    tmp_path, tmp_path_factory, monkeypatch
-):
+def test_two_gloo_processes_through_snakemake_write_the_usual_outputs(tmp_path, tmp_path_factory):
     # the session's data and base model (conftest.base_evaluated, shared with tests/test_evaluate.py and
-    # tests/workflow/test_workflow_foundation.py): the train job is the only job this run adds, so a fork
-    # server (runtime/forkserver.py) it started would import the stages for no other job
+    # tests/workflow/test_workflow_foundation.py) and its fork server: the train job is the only job this
+    # run adds
     workdir = copy_workflow(base_evaluated(tmp_path_factory), tmp_path / "wf")
-    monkeypatch.setenv("RLVR_FORK_SERVER", "off")
     train = {**load_test_config()["train"], "max_steps": 4, "checkpoint_every": 2, "kl_every": 2}
     set_key(workdir / "config.yaml", "train", {**train, "distributed": {"processes": 2}})
     set_key(workdir / "config.yaml", "seeds", [1])

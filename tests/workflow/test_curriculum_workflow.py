@@ -18,10 +18,7 @@ pytestmark = pytest.mark.slow
 PHASES = [{"family": "add_sub_small", "n": 100, "steps": 4}, {"source": "train", "steps": 4}]
 
 
-def test_two_phase_curriculum_switches_in_metrics(tmp_path, monkeypatch):
-    # two torch jobs, the second waiting on the first: a fork server (runtime/forkserver.py) that the train
-    # job started would import the stages beside it for no job
-    monkeypatch.setenv("RLVR_FORK_SERVER", "off")
+def test_two_phase_curriculum_switches_in_metrics(tmp_path):
     config = load_test_config()
     config["precisions"] = {"fp32": config["precisions"]["fp32"]}
     config["seeds"] = [1]
@@ -30,7 +27,7 @@ def test_two_phase_curriculum_switches_in_metrics(tmp_path, monkeypatch):
     config["model"]["tiny"]["sft_steps"] = 10
     config["data"]["tasks"] = {"add_sub": config["data"]["tasks"]["add_sub"]}
     config["train"].update(max_steps=8, checkpoint_every=100, kl_every=100, eval_every=4, curriculum=PHASES)
-    work = make_workflow_dir(tmp_path / "wf", config)
+    work = make_workflow_dir(tmp_path / "wf", config, shared_code=True)  # the session's fork server
     proc = run_snakemake(work, "results/train/fp32/seed1/run.json")  # its own run: the only curriculum config
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -27,10 +27,10 @@ A sitecustomize on PYTHONPATH (SITE, test_slurm_site/ in a temp dir) turns both 
 POLL_S s in the Snakemake process that imports the plugin; the jobs, their flags and states are SLURM's
 as before. It fails the run if the plugin's code no longer has what it patches.
 
-A second run (test_a_train_job_longer_than_its_partitions_limit_...) starts from a copy of the first
-run's folder with a profile copy that gives the gpu partition a 1-minute limit: the train job's estimate
-exceeds it, SLURM kills the first attempt at its limit and the retries that runtime/retries.py planned
-bring it back to resume from its checkpoint.
+The run's profile is a copy of profiles/slurm whose gpu partition has a 1-minute limit: the train job's
+estimate exceeds it, SLURM kills the first attempt at its limit, and the retries that runtime/retries.py
+planned bring it back to resume from its checkpoint before the evaluation reads its model (one run checks
+both the profile's plain path and its resubmission; test_a_train_job_longer_than_its_partitions_limit_...).
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ import pytest
 from conftest import (
     REPO,
     SNAKEMAKE,
-    job_stats,
     load_test_config,
     log_workflow_run,
     make_workflow_dir,
@@ -364,12 +363,31 @@ def test_gpu_jobs_get_their_device_from_slurm(slurm_cluster):
     assert re.search(r"slots \[\] visible \d", proc.stdout), proc.stdout + proc.stderr
 
 
+# The train job is longer than its partition: its estimate (resources.train.estimate_min 2) exceeds the
+# gpu partition's max_runtime (1 minute, in a copy of the profile's partitions.yaml): runtime/retries.py
+# caps every attempt at -t 1 and gives the rule the retries it needs; SLURM kills the first attempt at its
+# limit (60-90 s after it starts: slurmctld checks limits every 30 s), Snakemake resubmits it, and it
+# resumes from its checkpoint. SITE stalls the first attempt (a train job that started with no checkpoint) in
+# Trainer.training_step once STALL_AT steps and their checkpoint are done, so it is killed however fast the
+# machine is, and leaves the resumed attempt only RESUME_STEPS - STALL_AT steps: that one must finish inside
+# its minute, start-up included (~15 s on an idle 2-core machine; one finishing after the limit but before
+# slurmctld's check would be marked TIMEOUT with its outputs and checkpoints gone). The base model's
+# evaluation runs beside the stalled attempt; the run's evaluation of fp32-s1 reads the resumed model.
+RESUME_STEPS, STALL_AT = 6, 4  # checkpoints every 2 steps (a generation round): the resumed one does 2
+
+
 def _run_config() -> dict:
     """The tiny test config with RESOURCES; training stays one process (the node's GPUs are fake)."""
     config = load_test_config()
     config["model"]["tiny"]["sft_steps"] = 2  # the jobs' placement and outputs are checked, not quality
     config["train"]["eval_tasks"] = ["add_sub"]  # train's held-out curve: one prepare_eval job, not three
-    config["resources"] = RESOURCES
+    config["train"].update(
+        max_steps=RESUME_STEPS, checkpoint_every=2, kl_every=RESUME_STEPS, eval_every=RESUME_STEPS
+    )
+    config["resources"] = {
+        **RESOURCES,
+        "train": {**RESOURCES["train"], "estimate_min": 2, "startup_min": 0.1},
+    }
     config["train"]["distributed"] = {"processes": 1}
     return config
 
@@ -404,22 +422,31 @@ def _slurm_cmd(profile: Path | str, workdir: Path, *targets: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def slurm_run(slurm_cluster, site, tmp_path_factory):
-    """prepare -> base_model -> train -> evaluate through the profile (every job an sbatch)."""
+    """prepare -> base_model -> train (killed at its partition's limit, resumed) -> evaluate through a copy
+    of the profile whose gpu partition has a 1-minute limit (every job an sbatch)."""
     remote = make_workflow_dir(tmp_path_factory.mktemp("run") / "slurm", _run_config())
-    cmd = ["timeout", "-k", "10", str(SNAKEMAKE_TIMEOUT), *_slurm_cmd("profiles/slurm", remote, *TARGETS)]
-    log_workflow_run(cmd[5:], via="snakemake --profile profiles/slurm")
+    profile = remote / "profile-short"
+    shutil.copytree(REPO / "profiles" / "slurm", profile)
+    (profile / "partitions.yaml").write_text("partitions:\n  cpu: {}\n  gpu: {max_gpu: 8, max_runtime: 1}\n")
+    checkpoints = remote / "results/checkpoints/fp32/seed1"
+    env = _slurm_env(
+        slurm_cluster, site, RLVR_TEST_STALL_AT=str(STALL_AT), RLVR_TEST_CHECKPOINTS=str(checkpoints)
+    )
+    cmd = ["timeout", "-k", "10", str(SNAKEMAKE_TIMEOUT), *_slurm_cmd(profile, remote, *TARGETS)]
+    log_workflow_run(cmd[5:], via="snakemake --profile (profiles/slurm, gpu partition limit 1 min)")
     started = time.monotonic()
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=_slurm_env(slurm_cluster, site), cwd=remote,
-        timeout=SNAKEMAKE_TIMEOUT + 30,
-    )  # fmt: skip
+        cmd, capture_output=True, text=True, env=env, cwd=remote, timeout=SNAKEMAKE_TIMEOUT + 30
+    )
     slurm_seconds = time.monotonic() - started
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"SLURM run failed:\n{log[-6000:]}\n{slurm_cluster.logs()}"
+    assert proc.returncode == 0, (
+        f"SLURM run failed after {slurm_seconds:.0f} s:\n{log[-6000:]}\n{slurm_cluster.logs()}"
+    )
     print(f"SLURM run: {slurm_seconds:.0f} s")
-    submitted = dict(SUBMITTED.findall(log))  # snakemake job id -> SLURM job id
-    jobs = {slurm_id: slurm_cluster.jobs()[slurm_id] for slurm_id in submitted.values()}
-    return {"log": log, "submitted": submitted, "jobs": jobs, "remote": remote}
+    submitted = SUBMITTED.findall(log)  # (snakemake job id, SLURM job id), a resubmission a second pair
+    jobs = {slurm_id: slurm_cluster.jobs()[slurm_id] for _, slurm_id in submitted}
+    return {"log": log, "submitted": submitted, "jobs": jobs, "remote": remote, "checkpoints": checkpoints}
 
 
 def _rule(job: dict[str, str]) -> str:
@@ -433,21 +460,23 @@ def _asks_gpu(job: dict[str, str]) -> bool:
 def test_workflow_runs_through_the_slurm_profile(slurm_run, slurm_cluster):
     log, submitted, jobs, remote = (slurm_run[k] for k in ("log", "submitted", "jobs", "remote"))
     assert "test_slurm.py SITE: squeue every" in log, log[-4000:]  # the waits below are SITE's
-    # every job went through sbatch, and SLURM ran it on the partition its GPU request calls for
+    # every job went through sbatch (train twice: the resubmission below), and SLURM ran it on the
+    # partition its GPU request calls for
     n_jobs = int(re.search(r"^total\s+(\d+)", log, flags=re.M).group(1))  # snakemake's job stats
-    assert len(submitted) == n_jobs >= 5, log[-4000:]
-    rules_seen = set()
+    rules = [_rule(jobs[slurm_id]) for _, slurm_id in submitted]
+    assert len(submitted) == n_jobs + 1 >= 6 and rules.count("train") == 2, (rules, log[-4000:])
+    rules_seen = set(rules)
     for job in jobs.values():
         rule = _rule(job)
-        rules_seen.add(rule)
-        assert job["JobState"] == "COMPLETED", job
+        if rule != "train":  # its two attempts: test_a_train_job_longer_than_its_partitions_limit_...
+            assert job["JobState"] == "COMPLETED", job
         if rule in GPU_RULES:
             assert job["Partition"] == "gpu" and _asks_gpu(job), (rule, job)
         else:
             assert job["Partition"] == "cpu" and not _asks_gpu(job), (rule, job)
     assert rules_seen >= {"prepare_train", "prepare_eval", "base_model", "train", "evaluate"}
     slurm_logs = list((remote / ".snakemake" / "slurm_logs").rglob("*.log"))
-    assert {p.stem for p in slurm_logs} >= set(submitted.values())
+    assert {p.stem for p in slurm_logs} >= set(jobs)
 
     # every output of the plan is on the login node's disk and up to date in Snakemake's records: --summary
     # (a job's outputs, dates, params and code, as a local run would read them) finds no file to make
@@ -458,109 +487,57 @@ def test_workflow_runs_through_the_slurm_profile(slurm_run, slurm_cluster):
     for output, _date, rule, _log, status, plan in (row[:6] for row in rows):
         assert (status, plan) == ("ok", "no update") and (remote / output).exists(), (output, rule, status)
     # ... and nothing else: every file under results/ is an output of the plan or inside a directory() one
+    # (the killed attempt's checkpoints included: train removes them when it finishes)
     declared = {Path(row[0]) for row in rows}
     for path in (remote / "results").rglob("*"):
         relative = path.relative_to(remote)
         if path.is_file():
             assert relative in declared or declared & set(relative.parents), relative
+    assert not slurm_run["checkpoints"].exists()
 
 
 def test_a_multi_gpu_train_job_asks_for_one_node_with_its_gpus_cpus_and_memory(slurm_run, slurm_cluster):
-    """Config resources.train = 2 GPUs, 2 cpus, 3000 MB -> the plugin's sbatch flags and SLURM's job.
-
-    Reads the train job of the workflow run above (slurm_run, shared), so it adds no run of its own.
-    """
+    """Config resources.train = 2 GPUs, 2 cpus, 3000 MB -> the plugin's sbatch flags and SLURM's job, for
+    both attempts of the train job of the workflow run above (slurm_run, shared: no run of its own)."""
     calls = dict(
         line.split("\t", 1) for line in (slurm_cluster.root / "sbatch_calls.log").read_text().splitlines()
     )
     train = [(slurm_id, job) for slurm_id, job in slurm_run["jobs"].items() if _rule(job) == "train"]
-    assert len(train) == 1, slurm_run["jobs"]
-    slurm_id, job = train[0]
-    call = calls[slurm_id].split(" --wrap", 1)[0]  # the flags, without the job's own command line
-    print(f"train job {slurm_id}: sbatch {call}")
-    flags = call.split()
+    assert len(train) == 2, slurm_run["jobs"]
     want = RESOURCES["train"]
     per_gpu = -(-want["cpus"] // want["gpus"])
-    for flag in (f"--gpus={want['gpus']}", f"--cpus-per-gpu={per_gpu}", "--nodes=1"):
-        assert flag in flags, call
-    assert flags[flags.index("--mem") + 1] == str(want["mem_mb"]), call
-    assert not any(f.startswith("--cpus-per-task") for f in flags), call
-    # what SLURM made of it: both GPUs, the CPUs per GPU and the memory, on one node
-    assert re.fullmatch(rf"(gres[:/])?gpu:{want['gpus']}", job.get("TresPerJob", "")), job
-    assert re.fullmatch(rf"(gres[:/])?gpu:{per_gpu}", job.get("CpusPerTres", "")), job
-    assert job["NumNodes"] == "1" and job["NumCPUs"] == str(want["gpus"] * per_gpu), job
-    assert job["MinMemoryNode"] == f"{want['mem_mb']}M", job
-    assert job["Partition"] == "gpu" and job["JobState"] == "COMPLETED", job
+    for slurm_id, job in train:
+        call = calls[slurm_id].split(" --wrap", 1)[0]  # the flags, without the job's own command line
+        print(f"train job {slurm_id}: sbatch {call}")
+        flags = call.split()
+        for flag in (f"--gpus={want['gpus']}", f"--cpus-per-gpu={per_gpu}", "--nodes=1"):
+            assert flag in flags, call
+        assert flags[flags.index("--mem") + 1] == str(want["mem_mb"]), call
+        assert not any(f.startswith("--cpus-per-task") for f in flags), call
+        # what SLURM made of it: both GPUs, the CPUs per GPU and the memory, on one node
+        assert re.fullmatch(rf"(gres[:/])?gpu:{want['gpus']}", job.get("TresPerJob", "")), job
+        assert re.fullmatch(rf"(gres[:/])?gpu:{per_gpu}", job.get("CpusPerTres", "")), job
+        assert job["NumNodes"] == "1" and job["NumCPUs"] == str(want["gpus"] * per_gpu), job
+        assert job["MinMemoryNode"] == f"{want['mem_mb']}M", job
+        assert job["Partition"] == "gpu", job
 
 
-# --------------------------------------------------- a train job longer than its partition's time limit
-# The job's estimate (resources.train.estimate_min 2) exceeds the gpu partition's max_runtime (1 minute, in a
-# copy of the profile's partitions.yaml): runtime/retries.py caps every attempt at -t 1 and gives the rule
-# the retries it needs; SLURM kills the first attempt at its limit (60-90 s after it starts: slurmctld checks
-# limits every 30 s), Snakemake resubmits it, and it resumes from its checkpoint. SITE stalls the first
-# attempt (a run that started with no checkpoint) in Trainer.training_step once STALL_AT steps and their
-# checkpoint are done, so it is killed however fast the machine is, and leaves the resumed attempt only
-# RESUME_STEPS - STALL_AT steps: that one must finish inside its minute, start-up included (~15 s on an idle
-# 2-core machine; one finishing after the limit but before slurmctld's check would be marked TIMEOUT with
-# its outputs and checkpoints gone). Upstream jobs come from slurm_run's folder (copied, with Snakemake's
-# records): only train, its config changed, runs again. The run takes ~100 s, 60-90 of them the kill.
-RESUME_STEPS, STALL_AT = 6, 4  # checkpoints every 2 steps (a generation round): the resumed one does 2
-
-
-def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishes_by_resuming(
-    slurm_cluster, slurm_run, site, tmp_path
-):
-    config = _run_config()
-    config["train"].update(
-        max_steps=RESUME_STEPS, checkpoint_every=2, kl_every=RESUME_STEPS, eval_every=RESUME_STEPS
-    )
-    config["resources"] = {
-        **RESOURCES,
-        "train": {**RESOURCES["train"], "estimate_min": 2, "startup_min": 0.1},
-    }
-    workdir = tmp_path / "wf"
-    shutil.copytree(slurm_run["remote"], workdir, symlinks=True)
-    make_workflow_dir(workdir, config)
-    checkpoints = workdir / "results/checkpoints/fp32/seed1"
-    assert not checkpoints.exists()  # slurm_run's train removed its own when it finished
-    profile = workdir / "profile-short"
-    shutil.copytree(REPO / "profiles" / "slurm", profile)
-    (profile / "partitions.yaml").write_text("partitions:\n  cpu: {}\n  gpu: {max_gpu: 8, max_runtime: 1}\n")
-    env = _slurm_env(
-        slurm_cluster, site, RLVR_TEST_STALL_AT=str(STALL_AT), RLVR_TEST_CHECKPOINTS=str(checkpoints)
-    )
-    target = "results/train/fp32/seed1/run.json"
-    cmd = _slurm_cmd(profile, workdir, target)
-    log_workflow_run(cmd[1:], via="snakemake --profile (partition limit 1 min)")
-    started = time.monotonic()
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, cwd=workdir, timeout=SNAKEMAKE_TIMEOUT
-    )
-    seconds = time.monotonic() - started
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, (
-        f"SLURM run failed after {seconds:.0f} s:\n{log[-6000:]}\n{slurm_cluster.logs()}"
-    )
-    print(f"resumed SLURM train run: {seconds:.0f} s")
-    assert job_stats(log) == {"train": 1}, log[-4000:]  # upstream: slurm_run's, up to date
-
+def test_a_train_job_longer_than_its_partitions_limit_is_resubmitted_and_finishes_by_resuming(slurm_run):
+    log, remote = slurm_run["log"], slurm_run["remote"]
     # the plan printed at the start: 1 + ceil((2 - 1) / (1 - 0.1 - 2 x 2/6)) = 1 + ceil(4.29) = 6 attempts;
     # retries 5 + the profile's 2
     row = next(line for line in log.splitlines() if line.startswith("train ") and " min " in line)
     assert row.split()[-2:] == ["6", "7"], row
     # every attempt asked the partition's limit; the first was killed at it, the last completed
-    train = [
-        (slurm_id, job) for slurm_id, job in slurm_cluster.jobs().items()
-        if slurm_id in {sid for _, sid in SUBMITTED.findall(log)} and _rule(job) == "train"
-    ]  # fmt: skip
+    train = [(slurm_id, job) for slurm_id, job in slurm_run["jobs"].items() if _rule(job) == "train"]
     assert len(train) == 2, log[-4000:]
     assert all(job["TimeLimit"] == "00:01:00" for _, job in train), train
     states = [job["JobState"] for _, job in sorted(train, key=lambda item: int(item[0]))]
     assert states == ["TIMEOUT", "COMPLETED"], states
     # ... and resumed from the checkpoint the killed one left
-    run = json.loads((workdir / target).read_text())
-    assert _find_key(run, "resumed") is True and _find_key(run, "resumed_from_step") > 0, run
-    metrics = [json.loads(line) for line in (workdir / "results/train/fp32/seed1/metrics.jsonl").open()]
+    run = json.loads((remote / "results/train/fp32/seed1/run.json").read_text())
+    assert _find_key(run, "resumed") is True and _find_key(run, "resumed_from_step") == STALL_AT, run
+    metrics = [json.loads(line) for line in (remote / "results/train/fp32/seed1/metrics.jsonl").open()]
     assert [m["step"] for m in metrics] == list(range(1, RESUME_STEPS + 1))
 
 

@@ -142,16 +142,16 @@ def test_a_stage_module_is_also_its_command_line():
     assert proc.returncode == 0 and "--no-cast-base-to-final" in proc.stdout, proc.stderr
 
 
-def test_sparsity_and_overlap_rules_run_their_stage_modules(tmp_path, tmp_path_factory, monkeypatch):
+def test_sparsity_and_overlap_rules_run_their_stage_modules(tmp_path, tmp_path_factory):
     """The convention end to end on real (tiny) checkpoints: snakemake runs workflow_scripts/sparsity.py
-    and overlap.py as scripts; the upstream outputs are placeholders marked done with --touch. The fork
-    server is off: the two jobs start together, so one it started would import the stages for no job."""
+    and overlap.py as scripts (in the session's fork server: the package is linked); the upstream outputs
+    are placeholders marked done with --touch."""
     import pandas as pd
     import torch
-    from conftest import mark_done, placeholder_workflow
+    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_workflow
     from safetensors.torch import save_file
 
-    wf = placeholder_workflow(tmp_path_factory, tmp_path / "wf")
+    wf = make_workflow_dir(placeholder_workflow(tmp_path_factory, tmp_path / "wf"), load_test_config(), True)
     weights = torch.linspace(-1, 1, 64)
     save_file({"model.layers.0.mlp.up_proj.weight": weights}, wf / "results/models/base/model.safetensors")
     for seed in (1, 2):
@@ -165,7 +165,6 @@ def test_sparsity_and_overlap_rules_run_their_stage_modules(tmp_path, tmp_path_f
     targets = ["results/sparsity/fp32/seed1.parquet", "results/sparsity/fp32/overlap.parquet"]
     for target in targets:
         (wf / target).unlink()  # missing -> only these two jobs (and sparsity fp32 seed1) run
-    monkeypatch.setenv("RLVR_FORK_SERVER", "off")
     proc = run_snakemake(wf, *targets, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = pd.read_parquet(wf / targets[0])
