@@ -88,6 +88,15 @@ def test_each_arm_is_compared_at_the_step_where_the_reference_moved_as_far():
     ratio = f"{summary.fmt(b['dJ']['ratio'])}x {summary.ci(b['dJ']['ratio_ci'])}"
     assert bullet.startswith("At equal movement") and "bf16 (reference at step 12, KL ratio" in bullet
     assert f"off-task dJ {b['dJ']['finding']}, {ratio}" in bullet and "not compared" not in bullet
+    # every variance finding stands beside its null yardstick: splits of the reference at the matched step
+    for q, word in (("dJ", "dJ"), ("kl", "KL")):
+        yard = b[q]["yardstick"]
+        assert yard["status"] == "ok" and yard["n_ref_seeds"] == 16 and yard["n_arm_seeds"] == 8
+        assert yard["q05"] < 1 < yard["q95"]
+        words = summary.yardstick_words(yard)
+        assert words.startswith("chance [") and "of splits as extreme" in words
+        assert f"{word} seed-variance ratio" in text and words in text.split(f"{word} seed-variance ratio")[1]
+    assert f"{ratio} ({summary.yardstick_words(b['dJ']['yardstick'])})" in bullet
 
 
 def test_a_larger_spread_at_equal_movement_is_found_larger():

@@ -165,15 +165,19 @@ def test_smaller_is_read_against_the_movement_matched_comparison_or_says_it_is_m
     assert "bf16_drop smaller, 0.02x [0.009, 0.049]" in out
     assert "the movement-matched comparison is not available in this run" in out
     at = {"status": "ok", "step": "6", "kl_ratio": 0.99}  # statistics.matched.matched's shape
+    yard = {"status": "ok", "q05": 0.43, "q95": 2.5, "share_as_extreme": 0.155}  # splits at the matched step
     s["matched"] = {"status": "ok", "arms": {"bf16_drop": {
-        "match": at, "dJ": {"status": "ok", "finding": "inconclusive", "ratio": 0.6, "ratio_ci": [0.26, 1.6]},
+        "match": at, "dJ": {"status": "ok", "finding": "inconclusive", "ratio": 0.6, "ratio_ci": [0.26, 1.6],
+                            "yardstick": yard},
         "kl": {"status": "ok", "finding": "smaller", "ratio": 0.2, "ratio_ci": [0.08, 0.58]}}}}  # fmt: skip
     out = " ".join(sentences(s))
-    assert "bf16_drop (reference at step 6, KL ratio 0.99): off-task dJ inconclusive, 0.6x [0.26, 1.6]; " \
-        "off-task KL still smaller, 0.2x [0.08, 0.58]." in out  # fmt: skip
+    assert "bf16_drop (reference at step 6, KL ratio 0.99): off-task dJ inconclusive, 0.6x [0.26, 1.6] " \
+        "(chance [0.43, 2.5]x, 0.15 of splits as extreme); off-task KL still smaller, 0.2x [0.08, 0.58] " \
+        "(no yardstick)." in out  # fmt: skip
     s["verdicts"]["H2"]["by_arm"]["bf16_drop"] = _by_arm("smaller")
     out = " ".join(sentences(s))
-    assert "off-task dJ inconclusive, 0.6x [0.26, 1.6]: not shown smaller once movement is matched" in out
+    assert "off-task dJ inconclusive, 0.6x [0.26, 1.6] (chance [0.43, 2.5]x, 0.15 of splits as extreme): " \
+        "not shown smaller once movement is matched" in out  # fmt: skip
     s["matched"]["arms"]["bf16_drop"]["match"] = {"status": "skipped", "reason": "no positive mean"}
     assert "bf16_drop not compared (no positive mean)" in " ".join(sentences(s))
 

@@ -31,6 +31,7 @@ import pandas as pd
 from workflow_scripts.runtime import paths
 from workflow_scripts.statistics import scopes as sc
 from workflow_scripts.statistics import verdicts as vd
+from workflow_scripts.statistics import yardstick as ys
 
 FINAL = "final"  # the label of the reference's own final evaluation among the candidate steps
 QUANTITIES = ("dJ", "kl")
@@ -154,7 +155,8 @@ def summary_lines(block: Mapping[str, Any]) -> list[str]:
             lo, hi = (c.get("ratio_ci") or [None, None])[:2]
             parts.append(
                 f"{'dJ' if q == 'dJ' else 'KL'} seed-variance ratio {vd._f(c.get('ratio'))} "
-                f"[{vd._f(lo)}, {vd._f(hi)}], {c['finding']} (Holm p {vd._f(c.get('p_adjusted'))})"
+                f"[{vd._f(lo)}, {vd._f(hi)}], {c['finding']} (Holm p {vd._f(c.get('p_adjusted'))}; "
+                f"{ys.words(c.get('yardstick'))})"
             )
         lines.append(
             f"- {arm} vs {block['reference']} at {where} (KL {vd._f(m['reference_kl'])} vs the arm's "

@@ -26,6 +26,7 @@ from typing import Any
 
 from workflow_scripts.statistics.mismatch_report import gap_words
 from workflow_scripts.statistics.report_tables import ci, fmt, get, table
+from workflow_scripts.statistics.yardstick import words as yardstick_words
 
 QUANTITY_WORDS = {"H2": "off-task dJ", "H3": "off-task KL"}
 KIND_WORDS = {"null twin": "a null twin", "bundle": "a bundle"}  # an arm's kind, said after its factors
@@ -247,18 +248,6 @@ def interaction_bullet(stats: Mapping) -> str | None:
     return ("Interaction [95% CI]: " + "; ".join(out) + ".") if out else None
 
 
-def yardstick_words(y: Mapping | None) -> str:
-    """A ratio's null yardstick in words: the 5-95% range of the reference's split ratios and the share
-    of splits at least as extreme; or why there is none."""
-    if not y:
-        return "no yardstick"
-    if y.get("status") != "ok":
-        return "no yardstick: " + str(y.get("reason") or y.get("status")).split(":")[0]
-    share = y.get("share_as_extreme")
-    tail = f", {fmt(share, 2)} of splits as extreme" if share is not None else ""
-    return f"chance [{fmt(y.get('q05'), 2)}, {fmt(y.get('q95'), 2)}]x{tail}"
-
-
 def _ratio(stats: Mapping, h: str, arm: str) -> str:
     q = "dJ" if h == "H2" else "kl"
     comp = get(stats, "mixed_model", "off_task", q, "comparisons", arm) or {}
@@ -301,7 +290,8 @@ def _matched_word(absolute: str | None, at_match: Mapping) -> str:
     if at_match.get("status") != "ok":
         return f"not compared ({at_match.get('reason') or 'no fit'})"
     found = at_match.get("finding", "n/a")
-    said = f"{found}, {fmt(at_match.get('ratio'))}x {ci(at_match.get('ratio_ci'))}"
+    yard = yardstick_words(at_match.get("yardstick"))
+    said = f"{found}, {fmt(at_match.get('ratio'))}x {ci(at_match.get('ratio_ci'))} ({yard})"
     if absolute != "smaller":
         return said
     return f"still {said}" if found == "smaller" else f"{said}: not shown smaller once movement is matched"

@@ -17,11 +17,13 @@ halvings, and the splits drawn are a random subset of them (``analysis.null_spli
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from workflow_scripts.statistics import variance_model as vm
+from workflow_scripts.statistics.report_tables import fmt
 
 QUANTILES = (0.05, 0.5, 0.95)
 
@@ -99,3 +101,15 @@ def place(ratio: float | None, block: dict[str, Any]) -> dict[str, Any]:
     up = ratio >= 1
     share = float(np.mean(ratios >= ratio) if up else np.mean(ratios <= ratio))
     return {**out, "share_as_extreme": share, "direction": "larger" if up else "smaller"}
+
+
+def words(y: Mapping | None) -> str:
+    """A ratio's null yardstick in words (``place``'s block): the 5-95% range of the reference's split
+    ratios and the share of splits at least as extreme; or why there is none."""
+    if not y:
+        return "no yardstick"
+    if y.get("status") != "ok":
+        return "no yardstick: " + str(y.get("reason") or y.get("status")).split(":")[0]
+    share = y.get("share_as_extreme")
+    tail = f", {fmt(share, 2)} of splits as extreme" if share is not None else ""
+    return f"chance [{fmt(y.get('q05'), 2)}, {fmt(y.get('q95'), 2)}]x{tail}"
