@@ -71,6 +71,16 @@ def load_test_config() -> dict:
         return yaml.safe_load(fh)
 
 
+def link_package(wf: Path) -> Path:
+    """``wf``'s workflow_scripts/ as a link to the repository's package (a copy there is removed), so its
+    jobs share the session's fork server. Only for runs that never edit the package."""
+    target = wf / "workflow_scripts"
+    if not target.is_symlink():
+        shutil.rmtree(target, ignore_errors=True)
+        target.symlink_to(REPO / "workflow_scripts", target_is_directory=True)
+    return wf
+
+
 def make_workflow_dir(dest: Path, config: dict, shared_code: bool = False) -> Path:
     """A self-contained workflow directory (its own results/) with ``config`` as config.yaml.
 
@@ -81,9 +91,7 @@ def make_workflow_dir(dest: Path, config: dict, shared_code: bool = False) -> Pa
     for name in WORKFLOW_FILES:
         src, target = REPO / name, dest / name
         if shared_code and name == "workflow_scripts":
-            if not target.is_symlink():
-                shutil.rmtree(target, ignore_errors=True)
-                target.symlink_to(src, target_is_directory=True)
+            link_package(dest)
             continue
         if target.is_symlink():
             target.unlink()  # a linked package becomes this folder's own copy, never a copy into the link

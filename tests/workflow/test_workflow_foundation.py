@@ -148,10 +148,10 @@ def test_sparsity_and_overlap_rules_run_their_stage_modules(tmp_path, tmp_path_f
     are placeholders marked done with --touch."""
     import pandas as pd
     import torch
-    from conftest import load_test_config, make_workflow_dir, mark_done, placeholder_workflow
+    from conftest import link_package, mark_done, placeholder_workflow
     from safetensors.torch import save_file
 
-    wf = make_workflow_dir(placeholder_workflow(tmp_path_factory, tmp_path / "wf"), load_test_config(), True)
+    wf = link_package(placeholder_workflow(tmp_path_factory, tmp_path / "wf"))
     weights = torch.linspace(-1, 1, 64)
     save_file({"model.layers.0.mlp.up_proj.weight": weights}, wf / "results/models/base/model.safetensors")
     for seed in (1, 2):
